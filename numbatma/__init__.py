@@ -1,0 +1,51 @@
+"""numbatma: Hopper/Blackwell TMA kernels in Python with Numba-CUDA.
+
+Host side (this package): :class:`TensorMap` describes boxes of a CUDA array for the Tensor Memory
+Accelerator and is passed to ``@cuda.jit`` kernels by value. Device side: :mod:`numbatma.intrinsics`.
+Ready-made kernels: :mod:`numbatma.kernels`.
+"""
+import os as _os
+
+from .tensormap import (
+    SUPPORTED_DTYPES,
+    Interleave,
+    L2Promotion,
+    OOBFill,
+    Swizzle,
+    TensorMap,
+    TensorMapArray,
+    TensorMapError,
+    array_layout,
+)
+
+__version__ = "0.1.0"
+SIMULATING = _os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+if not SIMULATING:
+    from . import _numba_internals
+    from ._types import SharedArray, TensorMapArrayType, TensorMapType
+
+    _numba_internals.install()
+
+    from numba.cuda.extending import typeof_impl as _typeof_impl
+
+    @_typeof_impl.register(TensorMap)
+    def _typeof_tensormap(val, c):
+        return val.numba_type
+
+    @_typeof_impl.register(TensorMapArray)
+    def _typeof_tensormap_array(val, c):
+        return val.numba_type
+
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "Interleave",
+    "L2Promotion",
+    "OOBFill",
+    "Swizzle",
+    "TensorMap",
+    "TensorMapArray",
+    "TensorMapError",
+    "array_layout",
+]

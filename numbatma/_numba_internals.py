@@ -1,0 +1,235 @@
+"""Every place numbatma reaches into numba-cuda internals, and nothing else.
+
+Tested with numba-cuda 0.30.4 (``TESTED_RANGE``); importing numbatma with a version outside the range
+raises, and ``tests/test_numba_internals.py`` checks that each hooked attribute still exists with the
+expected shape, so an upstream change fails loudly instead of silently miscompiling.
+
+The hooks:
+
+1. ``numba.cuda.cudadrv.nvvm.set_cuda_kernel`` (called by ``kernel_fixup`` for every kernel, after the
+   return-value argument is dropped): kernel parameters whose LLVM type is a pointer to
+   ``struct.numbatma.CUtensorMap`` become ``byval align 128`` and get an
+   ``!nvvm.annotations !{kernel, !"grid_constant", !{i32 <1-based index>}}`` entry - the NVVM spelling of
+   ``const __grid_constant__ CUtensorMap``. llvmlite would print ``byval(<type>)``, which libNVVM rejects,
+   so the attribute set prints plain ``byval``.
+2. ``numba.cuda.dispatcher._Kernel._prepare_args``: a TensorMap argument is handed to ``cuda.core.launch``
+   as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its device address.
+3. ``numba.cuda.dispatcher._Kernel.launch``: a launch asking for more than 48 KiB of dynamic shared memory
+   first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (once per size).
+4. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed as
+   :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from llvmlite import ir
+from llvmlite.ir.values import ArgumentAttributes
+
+TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
+_DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
+_installed = False
+
+
+def numba_cuda_version():
+    from importlib.metadata import version
+
+    parts = []
+    for p in version("numba-cuda").split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def check_version():
+    v = numba_cuda_version()
+    lo, hi = TESTED_RANGE
+    if not lo <= v < hi:
+        raise ImportError(
+            f"numbatma supports numba-cuda >= {'.'.join(map(str, lo))}, < {'.'.join(map(str, hi))} (it patches "
+            f"internals that change between releases); found {'.'.join(map(str, v))}."
+        )
+
+
+# -- hook 1: by-value __grid_constant__ descriptor parameters -------------------------------------
+class _PlainByvalAttributes(ArgumentAttributes):
+    """Argument attributes that print ``byval`` without the ``(<type>)`` suffix libNVVM refuses."""
+
+    def _expand(self, name, typ):
+        if name == "byval":
+            return name
+        return super()._expand(name, typ)
+
+
+def mark_grid_constant_params(function):
+    """Make every descriptor parameter of ``function`` a by-value ``__grid_constant__`` parameter.
+
+    NVVM reads one ``grid_constant`` annotation per kernel listing all 1-based parameter indices."""
+    from ._types import CUTENSORMAP_PTR
+
+    module = function.module
+    indices = []
+    for index, arg in enumerate(function.args):
+        if arg.type != CUTENSORMAP_PTR:
+            continue
+        attrs = _PlainByvalAttributes()
+        for name in arg.attributes:
+            attrs.add(name)
+        attrs.add("byval")
+        attrs.align = 128
+        arg.attributes = attrs
+        indices.append(index + 1)
+    if indices:
+        md = module.add_metadata(
+            (
+                function,
+                ir.MetaDataString(module, "grid_constant"),
+                module.add_metadata(tuple(ir.Constant(ir.IntType(32), i) for i in indices)),
+            )
+        )
+        module.add_named_metadata("nvvm.annotations", md)
+
+
+# -- hook 2: descriptor arguments at launch ----------------------------------------------------------
+def _prepare_numbatma_arg(ty, val, kernelargs):
+    from ._types import TensorMapArrayType, TensorMapType
+
+    if isinstance(ty, TensorMapType):
+        kernelargs.append(val.descriptor)
+        return True
+    if isinstance(ty, TensorMapArrayType):
+        kernelargs.append(ctypes.c_uint64(val.address))
+        return True
+    return False
+
+
+# -- hook 3: > 48 KiB dynamic shared memory ---------------------------------------------------------
+def _ensure_dynamic_smem(kernel, nbytes):
+    granted = getattr(kernel, "_numbatma_dynamic_smem", _DEFAULT_DYNAMIC_SMEM_LIMIT)
+    if nbytes <= granted:
+        return
+    from cuda.bindings import driver
+
+    cufunc = kernel._codelibrary.get_cufunc()
+    dev = cufunc.device if hasattr(cufunc, "device") else None
+    err, limit = driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        _current_device_ordinal() if dev is None else int(getattr(dev, "id", 0)),
+    )
+    static = int(_func_attribute(cufunc, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES))
+    if err == driver.CUresult.CUDA_SUCCESS and nbytes + static > limit:
+        raise ValueError(
+            f"launch asks for {nbytes} bytes of dynamic shared memory; with the kernel's {static} bytes of "
+            f"static shared memory that exceeds this device's per-block opt-in maximum of {limit} bytes."
+        )
+    (res,) = driver.cuFuncSetAttribute(
+        _cufunction_handle(cufunc),
+        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        int(nbytes),
+    )
+    if res != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) failed: {res.name}")
+    kernel._numbatma_dynamic_smem = nbytes
+
+
+def _current_device_ordinal():
+    from numba import cuda
+
+    return cuda.get_current_device().id
+
+
+def _cufunction_handle(cufunc):
+    from cuda.bindings import driver
+
+    h = cufunc.handle
+    if isinstance(h, driver.CUfunction):
+        return h
+    return driver.CUfunction(int(h))
+
+
+def _func_attribute(cufunc, attr):
+    from cuda.bindings import driver
+
+    err, value = driver.cuFuncGetAttribute(attr, _cufunction_handle(cufunc))
+    return value if err == driver.CUresult.CUDA_SUCCESS else 0
+
+
+# -- installation -------------------------------------------------------------------------------------
+def _hook_points():
+    """The upstream objects numbatma patches (tests check they still exist)."""
+    from numba.cuda import cudadecl, dispatcher
+    from numba.cuda.cudadrv import nvvm
+
+    return {
+        "nvvm.set_cuda_kernel": (nvvm, "set_cuda_kernel"),
+        "_Kernel._prepare_args": (dispatcher._Kernel, "_prepare_args"),
+        "_Kernel.launch": (dispatcher._Kernel, "launch"),
+        "Cuda_shared_array.generic": (cudadecl.Cuda_shared_array, "generic"),
+    }
+
+
+def install():
+    global _installed
+    if _installed:
+        return
+    check_version()
+    from numba.cuda import config
+
+    points = _hook_points()
+    for label, (owner, attr) in points.items():
+        if not callable(getattr(owner, attr, None)):
+            raise ImportError(f"numbatma: numba-cuda no longer has {label}; this numba-cuda is not supported.")
+
+    nvvm_mod, _ = points["nvvm.set_cuda_kernel"]
+    original_set_cuda_kernel = nvvm_mod.set_cuda_kernel
+
+    def set_cuda_kernel(function):
+        mark_grid_constant_params(function)
+        return original_set_cuda_kernel(function)
+
+    nvvm_mod.set_cuda_kernel = set_cuda_kernel
+
+    kernel_cls = points["_Kernel._prepare_args"][0]
+    original_prepare = kernel_cls._prepare_args
+
+    def _prepare_args(self, ty, val, stream, retr, kernelargs):
+        if _prepare_numbatma_arg(ty, val, kernelargs):
+            return
+        return original_prepare(self, ty, val, stream, retr, kernelargs)
+
+    kernel_cls._prepare_args = _prepare_args
+
+    original_launch = kernel_cls.launch
+
+    def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        if sharedmem > _DEFAULT_DYNAMIC_SMEM_LIMIT and not config.ENABLE_CUDASIM:
+            _ensure_dynamic_smem(self, sharedmem)
+        return original_launch(self, args, griddim, blockdim, stream, sharedmem)
+
+    kernel_cls.launch = launch
+
+    decl_cls = points["Cuda_shared_array.generic"][0]
+    original_generic = decl_cls.generic
+
+    def generic(self):
+        from ._types import SharedArray
+        from numba.cuda import types
+
+        typer = original_generic(self)
+
+        def shared_typer(shape, dtype, alignment=None):
+            res = typer(shape, dtype, alignment)
+            if isinstance(res, types.Array) and not isinstance(res, SharedArray):
+                if isinstance(shape, types.IntegerLiteral):
+                    static = (shape.literal_value,)
+                else:
+                    static = tuple(s.literal_value for s in shape)
+                if any(s <= 0 for s in static):  # dynamic shared memory: size known only at launch
+                    static = None
+                return SharedArray(res.dtype, res.ndim, res.layout, shape=static)
+            return res
+
+        return shared_typer
+
+    decl_cls.generic = generic
+    _installed = True

@@ -1,0 +1,615 @@
+"""Host side: TMA descriptors for tiled views of CUDA arrays.
+
+Everything here speaks the array's own index order (NumPy/row-major: the last axis is the innermost,
+contiguous one). The driver wants the reverse (innermost first); that reversal happens in one place,
+:meth:`TensorMap._driver_args`.
+
+Validation runs in Python before any driver call, so every rule is reported in the user's terms, and
+it needs no GPU: a descriptor can be built (and kernels compiled against it) on a machine without a
+driver. Encoding happens lazily, the first time the descriptor is launched or its bytes are asked for.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "TensorMap",
+    "TensorMapArray",
+    "TensorMapError",
+    "Swizzle",
+    "OOBFill",
+    "L2Promotion",
+    "Interleave",
+    "SUPPORTED_DTYPES",
+]
+
+
+class TensorMapError(ValueError):
+    """A TMA descriptor was asked for with arguments the hardware cannot describe."""
+
+
+class Swizzle(enum.IntEnum):
+    """Shared-memory swizzle pattern; the value is the swizzle span in bytes."""
+
+    NONE = 0
+    B32 = 32
+    B64 = 64
+    B128 = 128
+
+
+class OOBFill(enum.Enum):
+    """What a load writes for elements outside the array: zeros, or NaN (floating-point types only)."""
+
+    ZERO = "zero"
+    NAN = "nan"
+
+
+class L2Promotion(enum.IntEnum):
+    """L2 sector promotion of the loads; the value is the promotion size in bytes."""
+
+    NONE = 0
+    B64 = 64
+    B128 = 128
+    B256 = 256
+
+
+class Interleave(enum.IntEnum):
+    """Interleaved (NC/xHWx style) layouts; the value is the interleave width in bytes."""
+
+    NONE = 0
+    B16 = 16
+    B32 = 32
+
+
+# numpy dtype name -> driver CUtensorMapDataType suffix. TMA moves bits: signed 8/16-bit integers travel
+# as UINT8/UINT16 (identical bytes; OOB fill zero is the same). tf32=True turns float32 into TFLOAT32.
+_TMA_DTYPE = {
+    "uint8": "UINT8",
+    "int8": "UINT8",
+    "bool": "UINT8",
+    "uint16": "UINT16",
+    "int16": "UINT16",
+    "uint32": "UINT32",
+    "int32": "INT32",
+    "uint64": "UINT64",
+    "int64": "INT64",
+    "float16": "FLOAT16",
+    "bfloat16": "BFLOAT16",
+    "float32": "FLOAT32",
+    "float64": "FLOAT64",
+}
+SUPPORTED_DTYPES = tuple(_TMA_DTYPE)
+_FLOAT_TMA_DTYPES = {"FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "TFLOAT32", "FLOAT32_FTZ", "TFLOAT32_FTZ"}
+
+_MAX_RANK = 5
+_MAX_BOX = 256
+_MAX_ELEMENT_STRIDE = 8
+_MAX_DIM = 1 << 32
+_MAX_STRIDE = 1 << 40
+
+
+def _shape_str(shape):
+    return "(" + ", ".join(str(s) for s in shape) + (",)" if len(shape) == 1 else ")")
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    """What numbatma needs to know about a CUDA array: where it is and how it is laid out."""
+
+    ptr: int
+    shape: tuple
+    strides: tuple  # bytes, row-major order like shape
+    dtype: np.dtype
+
+    @property
+    def name(self):
+        return f"{self.dtype.name} array with shape {_shape_str(self.shape)}"
+
+
+def _dtype_from_typestr(typestr, descr=None):
+    try:
+        dt = np.dtype(typestr)
+    except TypeError:
+        dt = None
+    if dt is not None and dt.kind == "V" and dt.itemsize == 2:
+        # bfloat16 has no typestr of its own; ml_dtypes names it in descr when available.
+        try:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:  # pragma: no cover - optional
+            pass
+    return dt
+
+
+def array_layout(array) -> ArrayLayout:
+    """Read pointer, shape, byte strides and dtype from any CUDA array.
+
+    Accepts objects with ``__cuda_array_interface__`` (numba device arrays, CuPy, PyTorch) and objects with
+    ``__dlpack__`` (PyTorch bfloat16, JAX, ...). Needs no driver for the CUDA Array Interface.
+    """
+    if isinstance(array, ArrayLayout):
+        return array
+    try:
+        cai = array.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    except Exception:  # e.g. torch refuses the CAI for bfloat16; DLPack below handles it
+        cai = None
+    if cai is not None:
+        shape = tuple(int(s) for s in cai["shape"])
+        dtype = _dtype_from_typestr(cai["typestr"], cai.get("descr"))
+        if dtype is None:
+            raise TensorMapError(f"TensorMap: unsupported element type {cai['typestr']!r}.")
+        strides = cai.get("strides")
+        if strides is None:
+            strides = _c_strides(shape, dtype.itemsize)
+        ptr = int(cai["data"][0])
+        return ArrayLayout(ptr, shape, tuple(int(s) for s in strides), dtype)
+    if hasattr(array, "__dlpack__"):
+        from cuda.core.utils import StridedMemoryView
+
+        view = StridedMemoryView.from_any_interface(array, stream_ptr=-1)
+        dtype = np.dtype(view.dtype)
+        shape = tuple(int(s) for s in view.shape)
+        if view.strides is None:
+            strides = _c_strides(shape, dtype.itemsize)
+        else:
+            strides = tuple(int(s) * dtype.itemsize for s in view.strides)
+        return ArrayLayout(int(view.ptr), shape, strides, dtype)
+    raise TensorMapError(
+        f"TensorMap: expected a CUDA array (numba device array, CuPy array, PyTorch tensor: anything with "
+        f"__cuda_array_interface__ or __dlpack__), got {type(array).__name__}."
+    )
+
+
+def _c_strides(shape, itemsize):
+    strides = []
+    acc = itemsize
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def _as_tuple(name, value, rank, layout_name):
+    if isinstance(value, (int, np.integer)):
+        value = (int(value),)
+    try:
+        value = tuple(value)
+    except TypeError:
+        raise TensorMapError(f"TensorMap: {name} must be a tuple of integers, got {value!r}.") from None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+        raise TensorMapError(f"TensorMap: {name} must be a tuple of integers, got {value!r}.")
+    if len(value) != rank:
+        raise TensorMapError(
+            f"TensorMap: {name} {_shape_str(value)} has {len(value)} entries but the {layout_name} has "
+            f"{rank} dimensions; give one entry per dimension, in the array's own index order."
+        )
+    return tuple(int(v) for v in value)
+
+
+def _coerce_enum(enum_cls, value, what):
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().upper()
+        aliases = {"NONE": "NONE", "0": "NONE"}
+        for member in enum_cls:
+            names = {member.name, str(member.value).upper(), f"{member.value}B".upper(), f"B{member.value}"}
+            if key in names or aliases.get(key) == member.name:
+                return member
+    else:
+        try:
+            return enum_cls(value)
+        except ValueError:
+            pass
+    choices = ", ".join(f"{enum_cls.__name__}.{m.name}" for m in enum_cls)
+    raise TensorMapError(f"TensorMap: {what} {value!r} is not one of {choices}.")
+
+
+class TensorMap:
+    """A TMA descriptor (``CUtensorMap``, tiled mode) for boxes of a CUDA array.
+
+    ``TensorMap(array, box)`` describes boxes of shape ``box`` (array index order, e.g. ``(rows, cols)``)
+    of ``array``. Pass it to a ``@cuda.jit`` kernel like any argument: it travels **by value** as a
+    ``__grid_constant__`` parameter (no allocation, no copy per launch), and its Numba type carries rank,
+    dtype, box and swizzle, so ``desc.box_bytes`` / ``desc.shared_shape`` are compile-time constants in the
+    kernel.
+
+    Options:
+      * ``swizzle``: :class:`Swizzle` (or 0/32/64/128). The innermost box row must fit the swizzle span.
+      * ``oob_fill``: :class:`OOBFill` ``ZERO`` (default) or ``NAN`` (floating-point dtypes only).
+      * ``l2_promotion``: :class:`L2Promotion`.
+      * ``element_strides``: per-axis traversal step in 1..8 (loads every k-th element).
+      * ``interleave``: :class:`Interleave` for interleaved layouts (rank >= 3).
+      * ``tf32``: encode a float32 array as TFLOAT32 (values rounded to tf32 on load).
+
+    The array must stay alive while kernels use the descriptor (the TensorMap keeps a reference).
+    """
+
+    def __init__(
+        self,
+        array,
+        box,
+        *,
+        swizzle=Swizzle.NONE,
+        oob_fill=OOBFill.ZERO,
+        l2_promotion=L2Promotion.NONE,
+        element_strides=None,
+        interleave=Interleave.NONE,
+        tf32=False,
+    ):
+        layout = array_layout(array)
+        self.swizzle = _coerce_enum(Swizzle, swizzle, "swizzle")
+        self.oob_fill = _coerce_enum(OOBFill, oob_fill, "oob_fill")
+        self.l2_promotion = _coerce_enum(L2Promotion, l2_promotion, "l2_promotion")
+        self.interleave = _coerce_enum(Interleave, interleave, "interleave")
+        self.tf32 = bool(tf32)
+        self.shape = layout.shape
+        self.strides = layout.strides
+        self.dtype = layout.dtype
+        rank = len(layout.shape)
+        self.box = _as_tuple("box", box, rank, layout.name) if rank else tuple(box)
+        self.element_strides = (
+            (1,) * rank
+            if element_strides is None
+            else _as_tuple("element_strides", element_strides, rank, layout.name)
+        )
+        self.tma_dtype = _validate(layout, self.box, self.element_strides, self.swizzle, self.oob_fill,
+                                   self.interleave, self.tf32)
+        self._layout = layout
+        self._array = array
+        self._numba_type = None
+        self._descriptor = None  # cuda.core TensorMapDescriptor, encoded on first launch
+        self._raw = None  # 128 bytes from cuTensorMapEncodeTiled, encoded on first request
+
+    # -- facts -------------------------------------------------------------------------------------
+    @property
+    def rank(self):
+        return len(self.shape)
+
+    @property
+    def array(self):
+        """The array the descriptor currently points at."""
+        return self._array
+
+    @property
+    def numba_type(self):
+        """The kernel-side Numba type (use it in explicit signatures, e.g. for ``cuda.compile_ptx``)."""
+        if self._numba_type is None:
+            from numba.cuda import types
+
+            from ._types import TensorMapType
+
+            nb_dtype = _numba_dtype(self.dtype)
+            self._numba_type = TensorMapType(
+                nb_dtype, self.tma_dtype, self.box, self.element_strides, int(self.swizzle), int(self.interleave)
+            )
+            del types
+        return self._numba_type
+
+    @property
+    def shared_shape(self):
+        """Shape of the shared-memory tile one load fills (``ceil(box / element_strides)`` per axis)."""
+        return tuple(-(-b // e) for b, e in zip(self.box, self.element_strides))
+
+    @property
+    def box_bytes(self):
+        """Bytes one tile load delivers to shared memory (its mbarrier transaction count)."""
+        return math.prod(self.shared_shape) * self.dtype.itemsize
+
+    @property
+    def shared_alignment(self):
+        """Alignment (bytes) the shared tile needs: 1024 for 128B swizzle, else 128."""
+        return 1024 if self.swizzle == Swizzle.B128 else 128
+
+    def __repr__(self):
+        return (
+            f"TensorMap({self.dtype.name}{_shape_str(self.shape)}, box={_shape_str(self.box)}, "
+            f"swizzle={self.swizzle.name}, oob_fill={self.oob_fill.name})"
+        )
+
+    # -- re-pointing -------------------------------------------------------------------------------
+    def repoint(self, array):
+        """Point this descriptor at another array of exactly the same shape, strides and dtype, without
+        re-encoding it (``cuTensorMapReplaceAddress``)."""
+        layout = array_layout(array)
+        if (layout.shape, layout.strides, layout.dtype) != (self.shape, self.strides, self.dtype):
+            raise TensorMapError(
+                f"TensorMap.repoint: the new array must have the layout the descriptor was built for: "
+                f"{self._layout.name} with byte strides {self.strides}; got {layout.name} with byte strides "
+                f"{layout.strides}. Build a new TensorMap for a different layout."
+            )
+        _check_address(layout, self.interleave)
+        if self._descriptor is not None:
+            self._descriptor.replace_address(array)
+        if self._raw is not None:
+            from cuda.bindings import driver
+
+            _check(driver.cuTensorMapReplaceAddress(self._raw, layout.ptr), "cuTensorMapReplaceAddress")
+        self._layout = layout
+        self._array = array
+        return self
+
+    # -- encoding ----------------------------------------------------------------------------------
+    def _driver_args(self):
+        """Arguments of cuTensorMapEncodeTiled, innermost dimension first."""
+        rev = lambda t: tuple(reversed(t))  # noqa: E731
+        return dict(
+            rank=self.rank,
+            address=self._layout.ptr,
+            dims=rev(self.shape),
+            strides=rev(self.strides)[1:],
+            box=rev(self.box),
+            element_strides=rev(self.element_strides),
+        )
+
+    @property
+    def descriptor(self):
+        """The ``cuda.core.TensorMapDescriptor`` passed by value at launch (encoded on first use)."""
+        if self._descriptor is None:
+            from cuda.core._tensor_map import (
+                TensorMapDataType,
+                TensorMapInterleave,
+                TensorMapL2Promotion,
+                TensorMapOOBFill,
+                TensorMapSwizzle,
+            )
+            from cuda.core.utils import StridedMemoryView
+
+            view = StridedMemoryView.from_any_interface(self._array, stream_ptr=-1)
+            self._descriptor = view.as_tensor_map(
+                self.box,
+                element_strides=self.element_strides,
+                data_type=getattr(TensorMapDataType, self.tma_dtype),
+                interleave=_CORE_INTERLEAVE[self.interleave](TensorMapInterleave),
+                swizzle=_CORE_SWIZZLE[self.swizzle](TensorMapSwizzle),
+                l2_promotion=_CORE_L2[self.l2_promotion](TensorMapL2Promotion),
+                oob_fill=(
+                    TensorMapOOBFill.NAN_REQUEST_ZERO_FMA if self.oob_fill == OOBFill.NAN else TensorMapOOBFill.NONE
+                ),
+            )
+        return self._descriptor
+
+    def to_bytes(self) -> bytes:
+        """The 128-byte ``CUtensorMap`` (encoded with ``cuTensorMapEncodeTiled``), e.g. to store it in
+        global memory. Needs the CUDA driver."""
+        if self._raw is None:
+            from cuda.bindings import driver
+
+            a = self._driver_args()
+            u64 = driver.cuuint64_t
+            u32 = driver.cuuint32_t
+            err, tmap = driver.cuTensorMapEncodeTiled(
+                getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + self.tma_dtype),
+                a["rank"],
+                a["address"],
+                [u64(d) for d in a["dims"]],
+                [u64(s) for s in a["strides"]],
+                [u32(b) for b in a["box"]],
+                [u32(e) for e in a["element_strides"]],
+                getattr(driver.CUtensorMapInterleave, _DRV_INTERLEAVE[self.interleave]),
+                getattr(driver.CUtensorMapSwizzle, _DRV_SWIZZLE[self.swizzle]),
+                getattr(driver.CUtensorMapL2promotion, _DRV_L2[self.l2_promotion]),
+                getattr(
+                    driver.CUtensorMapFloatOOBfill,
+                    "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA"
+                    if self.oob_fill == OOBFill.NAN
+                    else "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+                ),
+            )
+            _check(err, "cuTensorMapEncodeTiled")
+            self._raw = tmap
+        return b"".join(int(w).to_bytes(8, "little") for w in self._raw.opaque)
+
+
+_DRV_SWIZZLE = {
+    Swizzle.NONE: "CU_TENSOR_MAP_SWIZZLE_NONE",
+    Swizzle.B32: "CU_TENSOR_MAP_SWIZZLE_32B",
+    Swizzle.B64: "CU_TENSOR_MAP_SWIZZLE_64B",
+    Swizzle.B128: "CU_TENSOR_MAP_SWIZZLE_128B",
+}
+_DRV_INTERLEAVE = {
+    Interleave.NONE: "CU_TENSOR_MAP_INTERLEAVE_NONE",
+    Interleave.B16: "CU_TENSOR_MAP_INTERLEAVE_16B",
+    Interleave.B32: "CU_TENSOR_MAP_INTERLEAVE_32B",
+}
+_DRV_L2 = {
+    L2Promotion.NONE: "CU_TENSOR_MAP_L2_PROMOTION_NONE",
+    L2Promotion.B64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+    L2Promotion.B128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B",
+    L2Promotion.B256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+}
+_CORE_SWIZZLE = {
+    Swizzle.NONE: lambda e: e.NONE,
+    Swizzle.B32: lambda e: e.SWIZZLE_32B,
+    Swizzle.B64: lambda e: e.SWIZZLE_64B,
+    Swizzle.B128: lambda e: e.SWIZZLE_128B,
+}
+_CORE_INTERLEAVE = {
+    Interleave.NONE: lambda e: e.NONE,
+    Interleave.B16: lambda e: e.INTERLEAVE_16B,
+    Interleave.B32: lambda e: e.INTERLEAVE_32B,
+}
+_CORE_L2 = {
+    L2Promotion.NONE: lambda e: e.NONE,
+    L2Promotion.B64: lambda e: e.L2_64B,
+    L2Promotion.B128: lambda e: e.L2_128B,
+    L2Promotion.B256: lambda e: e.L2_256B,
+}
+
+
+def _check(err, what):
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, msg = driver.cuGetErrorString(err)
+        raise TensorMapError(f"{what} failed: {err.name}: {msg.decode() if msg else ''}")
+
+
+def _numba_dtype(dtype):
+    from numba.cuda import types
+
+    if dtype.name == "bfloat16":
+        # Shared tiles of bfloat16 data are declared with a 16-bit integer dtype in Numba kernels.
+        return types.uint16
+    if dtype.name == "bool":
+        return types.uint8
+    return getattr(types, dtype.name)
+
+
+def _check_address(layout, interleave):
+    align = 32 if interleave == Interleave.B32 else 16
+    if layout.ptr % align:
+        raise TensorMapError(
+            f"TensorMap: the {layout.name} starts at address 0x{layout.ptr:x}, which is not {align}-byte "
+            f"aligned; TMA needs the global address to be a multiple of {align} bytes. A slice that starts "
+            f"mid-row often causes this: describe the whole array and move the box coordinates instead."
+        )
+
+
+def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32):
+    """Check every documented cuTensorMapEncodeTiled rule; return the driver data type name."""
+    name = layout.name
+    rank = len(layout.shape)
+    dtype = layout.dtype
+    if not 1 <= rank <= _MAX_RANK:
+        raise TensorMapError(f"TensorMap: the {name} has rank {rank}; TMA descriptors describe rank 1 to 5.")
+    tma_dtype = _TMA_DTYPE.get(dtype.name)
+    if tma_dtype is None:
+        raise TensorMapError(
+            f"TensorMap: dtype {dtype.name} of the {name} has no TMA data type. Supported dtypes: "
+            f"{', '.join(SUPPORTED_DTYPES)}."
+        )
+    if tf32:
+        if dtype.name != "float32":
+            raise TensorMapError(f"TensorMap: tf32=True needs a float32 array; the array is {dtype.name}.")
+        tma_dtype = "TFLOAT32"
+    itemsize = dtype.itemsize
+    if interleave != Interleave.NONE and rank < 3:
+        raise TensorMapError(
+            f"TensorMap: interleave={interleave.name} needs an array of rank 3 to 5; the {name} has rank {rank}."
+        )
+    _check_address(layout, interleave)
+    for axis, d in enumerate(layout.shape):
+        if not 1 <= d <= _MAX_DIM:
+            raise TensorMapError(
+                f"TensorMap: dimension {axis} of the {name} is {d}; TMA needs every dimension in 1..2**32."
+            )
+    if layout.strides[-1] != itemsize:
+        raise TensorMapError(
+            f"TensorMap: the innermost (last) dimension of the {name} has a stride of {layout.strides[-1]} "
+            f"bytes; TMA needs it contiguous ({itemsize} bytes, one {dtype.name}). Make the array contiguous "
+            f"(e.g. .copy()) or transpose it so the contiguous axis is last."
+        )
+    stride_align = 32 if interleave == Interleave.B32 else 16
+    axis_names = {rank - 2: "row stride"} if rank >= 2 else {}
+    for axis in range(rank - 1):
+        st = layout.strides[axis]
+        what = axis_names.get(axis, f"stride of dimension {axis}")
+        if st <= 0:
+            raise TensorMapError(
+                f"TensorMap: {what} of the {name} is {st} bytes; TMA needs positive strides."
+            )
+        if st % stride_align:
+            hint = ""
+            if axis == rank - 2:
+                row = layout.shape[-1]
+                pad_elems = -(-st // stride_align) * stride_align // itemsize
+                hint = f" Pad the rows to {pad_elems} elements." if pad_elems * itemsize % stride_align == 0 else ""
+                del row
+            raise TensorMapError(
+                f"TensorMap: {what} of the {name} is {st} bytes; TMA needs every stride except the innermost "
+                f"to be a multiple of {stride_align} bytes.{hint}"
+            )
+        if st >= _MAX_STRIDE:
+            raise TensorMapError(
+                f"TensorMap: {what} of the {name} is {st} bytes; TMA needs strides below 2**40 bytes."
+            )
+    for axis, b in enumerate(box):
+        if not 1 <= b <= _MAX_BOX:
+            raise TensorMapError(
+                f"TensorMap: box {_shape_str(box)} has {b} along dimension {axis}; every box dimension must be "
+                f"in 1..{_MAX_BOX}."
+            )
+    for axis, e in enumerate(element_strides):
+        if not 1 <= e <= _MAX_ELEMENT_STRIDE:
+            raise TensorMapError(
+                f"TensorMap: element_strides {_shape_str(element_strides)} has {e} along dimension {axis}; "
+                f"element strides must be in 1..{_MAX_ELEMENT_STRIDE}."
+            )
+    inner_bytes = box[-1] * itemsize
+    if interleave == Interleave.NONE:
+        if inner_bytes % 16:
+            raise TensorMapError(
+                f"TensorMap: the innermost box dimension is {box[-1]} {dtype.name} elements = {inner_bytes} "
+                f"bytes; TMA needs it to be a multiple of 16 bytes ({16 // math.gcd(16, itemsize)} "
+                f"{dtype.name} elements)."
+            )
+        if swizzle != Swizzle.NONE and inner_bytes > int(swizzle):
+            raise TensorMapError(
+                f"TensorMap: the innermost box dimension is {box[-1]} {dtype.name} elements = {inner_bytes} "
+                f"bytes, wider than the {int(swizzle)}-byte span of swizzle={swizzle.name}; with swizzling, "
+                f"box[-1] * itemsize must be <= the swizzle span. Use box[-1] <= {int(swizzle) // itemsize} "
+                f"or a wider swizzle."
+            )
+    else:
+        if interleave == Interleave.B32 and swizzle not in (Swizzle.B32, Swizzle.NONE):
+            raise TensorMapError(
+                f"TensorMap: interleave=B32 allows swizzle NONE or B32 (a 32-byte span), not {swizzle.name}."
+            )
+    if oob_fill == OOBFill.NAN and tma_dtype not in _FLOAT_TMA_DTYPES:
+        raise TensorMapError(
+            f"TensorMap: oob_fill=NAN needs a floating-point dtype; the {name} holds {dtype.name}. "
+            f"Use oob_fill=ZERO."
+        )
+    return tma_dtype
+
+
+class TensorMapArray:
+    """Several descriptors of one layout stored in global memory (e.g. one per batch item or per group).
+
+    Pass it to a kernel and pick one with ``numbatma.intrinsics.tensormap_acquire(descs, i)``, which emits
+    the documented ``fence.proxy.tensormap::generic.acquire.gpu`` before the descriptor is used. Needs the
+    CUDA driver (descriptors are encoded and copied to the device here).
+    """
+
+    def __init__(self, tensormaps):
+        tensormaps = list(tensormaps)
+        if not tensormaps:
+            raise TensorMapError("TensorMapArray: needs at least one TensorMap.")
+        first = tensormaps[0].numba_type
+        for i, t in enumerate(tensormaps):
+            if not isinstance(t, TensorMap):
+                raise TensorMapError(f"TensorMapArray: item {i} is a {type(t).__name__}, not a TensorMap.")
+            if t.numba_type != first:
+                raise TensorMapError(
+                    f"TensorMapArray: every descriptor must have the same kernel type; item 0 is {first}, "
+                    f"item {i} is {t.numba_type}."
+                )
+        from numba import cuda
+
+        self.tensormaps = tensormaps
+        raw = np.frombuffer(b"".join(t.to_bytes() for t in tensormaps), dtype=np.uint8).reshape(len(tensormaps), 128)
+        self.device_array = cuda.to_device(raw)
+        self._numba_type = None
+
+    def __len__(self):
+        return len(self.tensormaps)
+
+    @property
+    def numba_type(self):
+        if self._numba_type is None:
+            from ._types import TensorMapArrayType
+
+            self._numba_type = TensorMapArrayType(self.tensormaps[0].numba_type)
+        return self._numba_type
+
+    @property
+    def address(self):
+        return int(self.device_array.__cuda_array_interface__["data"][0])
