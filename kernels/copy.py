@@ -1,0 +1,128 @@
+"""TMA copy: every box of ``src`` goes global -> shared (TMA load on an mbarrier) -> global (TMA store).
+
+One CTA per box, one issuing thread. Works for rank 1-5, every TMA dtype and swizzle, and shapes that are
+not multiples of the box (the loads fill, the stores clip). This is the reference TMA round trip; the
+pipelined, persistent streaming copy is a separate kernel.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda
+
+from numbatma import TensorMap, TensorMapError, array_layout
+from numbatma.intrinsics import (
+    bulk_commit_group,
+    bulk_wait_group,
+    fence_mbarrier_init,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_wait_parity,
+    tma_load,
+    tma_store,
+)
+
+__all__ = ["tma_copy", "default_box"]
+
+
+def default_box(shape, itemsize, swizzle=0):
+    """A box of at most 128 bytes per row (or the swizzle span) and at most 8 KiB in all."""
+    rank = len(shape)
+    row_bytes = int(swizzle) if swizzle else 128
+    inner = max(16 // itemsize, min(row_bytes // itemsize, _round_up(shape[-1], 16 // itemsize)))
+    box = [inner]
+    budget = max(1, 8192 // (inner * itemsize))
+    for d in reversed(shape[:-1]):
+        b = min(d, budget, 256)
+        box.append(b)
+        budget = max(1, budget // b)
+    return tuple(reversed(box))[:rank]
+
+
+def _round_up(x, m):
+    return -(-x // m) * m
+
+
+# -- the kernels: one per rank, because a coordinate tuple has a fixed length -----------------------------
+def _coords(rank):
+    """Device function: coordinates of box number ``b`` in a grid of ``tiles`` boxes of shape ``box``."""
+    if rank == 1:
+        return cuda.jit(device=True, inline="always")(lambda b, tiles, box: (b * box[0],))
+    if rank == 2:
+
+        def c2(b, tiles, box):
+            return ((b // tiles[1]) * box[0], (b % tiles[1]) * box[1])
+
+        return cuda.jit(device=True, inline="always")(c2)
+    if rank == 3:
+
+        def c3(b, tiles, box):
+            i2 = b % tiles[2]
+            b //= tiles[2]
+            return ((b // tiles[1]) * box[0], (b % tiles[1]) * box[1], i2 * box[2])
+
+        return cuda.jit(device=True, inline="always")(c3)
+    if rank == 4:
+
+        def c4(b, tiles, box):
+            i3 = b % tiles[3]
+            b //= tiles[3]
+            i2 = b % tiles[2]
+            b //= tiles[2]
+            return ((b // tiles[1]) * box[0], (b % tiles[1]) * box[1], i2 * box[2], i3 * box[3])
+
+        return cuda.jit(device=True, inline="always")(c4)
+
+    def c5(b, tiles, box):
+        i4 = b % tiles[4]
+        b //= tiles[4]
+        i3 = b % tiles[3]
+        b //= tiles[3]
+        i2 = b % tiles[2]
+        b //= tiles[2]
+        return ((b // tiles[1]) * box[0], (b % tiles[1]) * box[1], i2 * box[2], i3 * box[3], i4 * box[4])
+
+    return cuda.jit(device=True, inline="always")(c5)
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_kernel(rank, shared_shape, nb_dtype, alignment):
+    coords_of = _coords(rank)
+
+    @cuda.jit
+    def tma_copy_kernel(src, dst, tiles):
+        tile = cuda.shared.array(shared_shape, nb_dtype, alignment=alignment)
+        bar = cuda.shared.array(1, "uint64")
+        if cuda.threadIdx.x == 0:
+            mbarrier_init(bar, 1)
+            fence_mbarrier_init()
+            coords = coords_of(cuda.blockIdx.x, tiles, src.box)
+            mbarrier_arrive_expect_tx(bar, src.box_bytes)
+            tma_load(tile, src, coords, bar)
+            mbarrier_wait_parity(bar, 0)
+            # The tile was written by the async proxy and is read by the async proxy: no proxy fence needed.
+            tma_store(dst, coords, tile)
+            bulk_commit_group()
+            bulk_wait_group(0)
+
+    return tma_copy_kernel
+
+
+def tma_copy(src, dst, box=None, *, swizzle=0, stream=0):
+    """Copy ``src`` into ``dst`` (same shape and dtype, any CUDA arrays) box by box through shared memory
+    with TMA. Returns the pair of :class:`TensorMap` used, so a caller can reuse or inspect them."""
+    ls, ld = array_layout(src), array_layout(dst)
+    if ls.shape != ld.shape or ls.dtype != ld.dtype:
+        raise TensorMapError(
+            f"tma_copy: src is {ls.name} but dst is {ld.name}; both must have the same shape and dtype."
+        )
+    if box is None:
+        box = default_box(ls.shape, ls.dtype.itemsize, swizzle)
+    s = TensorMap(src, box, swizzle=swizzle)
+    d = TensorMap(dst, box, swizzle=swizzle)
+    tiles = tuple(-(-n // b) for n, b in zip(ls.shape, s.box))
+    nblocks = math.prod(tiles)
+    kernel = _copy_kernel(s.rank, s.shared_shape, s.numba_type.dtype, s.shared_alignment)
+    kernel[nblocks, 32, stream](s, d, tiles)
+    return s, d

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole GPU verification in one command, for the device machine (H100/H200):
+#   bash scripts/gpu_suite.sh            # tests marked gpu + all tests, examples, benchmarks
+# Needs the wheels from ../shared/gpu/fetch-wheels in .whl/ (numpy < 2.5 for numba-cuda 0.30.4).
+# Logs go to $OUT (or ./gpu-logs) so they come back from the device machine.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-logs}"
+mkdir -p "$out"
+site=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . || exit 1
+export PYTHONPATH="$site"
+export PYTHONUNBUFFERED=1
+cd /tmp  # import the installed copy, not the checkout
+repo=$OLDPWD
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "import numba_cuda, numpy, cuda.core; print('numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$out/gpu.txt"
+status=0
+python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests" ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
+for ex in "$repo"/examples/*.py; do
+  echo "== $ex" | tee -a "$out/examples.log"
+  python3 "$ex" 2>&1 | tee -a "$out/examples.log" || status=1
+done
+for b in "$repo"/benchmarks/*.py; do
+  echo "== $b" | tee -a "$out/benchmarks.log"
+  python3 "$b" 2>&1 | tee -a "$out/benchmarks.log" || status=1
+done
+exit $status
