@@ -105,53 +105,33 @@ def _prepare_numbatma_arg(ty, val, kernelargs):
 
 # -- hook 3: > 48 KiB dynamic shared memory ---------------------------------------------------------
 def _ensure_dynamic_smem(kernel, nbytes):
+    """Raise the kernel's dynamic shared memory limit to ``nbytes`` (numba-cuda loads kernels through
+    cuLibrary, so the handle is a CUkernel: ``cuKernelSetAttribute``)."""
     granted = getattr(kernel, "_numbatma_dynamic_smem", _DEFAULT_DYNAMIC_SMEM_LIMIT)
     if nbytes <= granted:
         return
     from cuda.bindings import driver
 
     cufunc = kernel._codelibrary.get_cufunc()
-    dev = cufunc.device if hasattr(cufunc, "device") else None
+    device_id = cufunc.device.id
     err, limit = driver.cuDeviceGetAttribute(
-        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        _current_device_ordinal() if dev is None else int(getattr(dev, "id", 0)),
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device_id
     )
-    static = int(_func_attribute(cufunc, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES))
+    static = int(cufunc.attrs.shared)
     if err == driver.CUresult.CUDA_SUCCESS and nbytes + static > limit:
         raise ValueError(
             f"launch asks for {nbytes} bytes of dynamic shared memory; with the kernel's {static} bytes of "
             f"static shared memory that exceeds this device's per-block opt-in maximum of {limit} bytes."
         )
-    (res,) = driver.cuFuncSetAttribute(
-        _cufunction_handle(cufunc),
+    (res,) = driver.cuKernelSetAttribute(
         driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         int(nbytes),
+        cufunc.handle,
+        driver.CUdevice(device_id),
     )
     if res != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) failed: {res.name}")
+        raise RuntimeError(f"cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) failed: {res.name}")
     kernel._numbatma_dynamic_smem = nbytes
-
-
-def _current_device_ordinal():
-    from numba import cuda
-
-    return cuda.get_current_device().id
-
-
-def _cufunction_handle(cufunc):
-    from cuda.bindings import driver
-
-    h = cufunc.handle
-    if isinstance(h, driver.CUfunction):
-        return h
-    return driver.CUfunction(int(h))
-
-
-def _func_attribute(cufunc, attr):
-    from cuda.bindings import driver
-
-    err, value = driver.cuFuncGetAttribute(attr, _cufunction_handle(cufunc))
-    return value if err == driver.CUresult.CUDA_SUCCESS else 0
 
 
 # -- installation -------------------------------------------------------------------------------------

@@ -154,6 +154,11 @@ def array_layout(array) -> ArrayLayout:
         from cuda.core.utils import StridedMemoryView
 
         view = StridedMemoryView.from_any_interface(array, stream_ptr=-1)
+        if not view.is_device_accessible:
+            raise TensorMapError(
+                f"TensorMap: the {type(array).__name__} lives in host memory; TMA reads and writes device "
+                f"memory. Copy it to the GPU first (e.g. numba.cuda.to_device, cupy.asarray, tensor.cuda())."
+            )
         dtype = np.dtype(view.dtype)
         shape = tuple(int(s) for s in view.shape)
         if view.strides is None:
@@ -254,7 +259,11 @@ class TensorMap:
         self.strides = layout.strides
         self.dtype = layout.dtype
         rank = len(layout.shape)
-        self.box = _as_tuple("box", box, rank, layout.name) if rank else tuple(box)
+        if not 1 <= rank <= _MAX_RANK:
+            raise TensorMapError(
+                f"TensorMap: the {layout.name} has rank {rank}; TMA descriptors describe rank 1 to 5."
+            )
+        self.box = _as_tuple("box", box, rank, layout.name)
         self.element_strides = (
             (1,) * rank
             if element_strides is None
@@ -519,10 +528,8 @@ def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32)
         if st % stride_align:
             hint = ""
             if axis == rank - 2:
-                row = layout.shape[-1]
                 pad_elems = -(-st // stride_align) * stride_align // itemsize
                 hint = f" Pad the rows to {pad_elems} elements." if pad_elems * itemsize % stride_align == 0 else ""
-                del row
             raise TensorMapError(
                 f"TensorMap: {what} of the {name} is {st} bytes; TMA needs every stride except the innermost "
                 f"to be a multiple of {stride_align} bytes.{hint}"
@@ -544,6 +551,13 @@ def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32)
                 f"element strides must be in 1..{_MAX_ELEMENT_STRIDE}."
             )
     inner_bytes = box[-1] * itemsize
+    if interleave == Interleave.NONE and element_strides[-1] != 1:
+        raise TensorMapError(
+            f"TensorMap: element_strides {_shape_str(element_strides)} asks for a step of {element_strides[-1]} "
+            f"along the innermost dimension; TMA ignores the innermost element stride unless the layout is "
+            f"interleaved, so it must be 1. Load the full rows and pick every {element_strides[-1]}-th element "
+            f"in the kernel instead."
+        )
     if interleave == Interleave.NONE:
         if inner_bytes % 16:
             raise TensorMapError(
@@ -559,9 +573,9 @@ def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32)
                 f"or a wider swizzle."
             )
     else:
-        if interleave == Interleave.B32 and swizzle not in (Swizzle.B32, Swizzle.NONE):
+        if interleave == Interleave.B32 and swizzle != Swizzle.B32:
             raise TensorMapError(
-                f"TensorMap: interleave=B32 allows swizzle NONE or B32 (a 32-byte span), not {swizzle.name}."
+                f"TensorMap: interleave=B32 requires swizzle=B32 (the driver's rule); got swizzle={swizzle.name}."
             )
     if oob_fill == OOBFill.NAN and tma_dtype not in _FLOAT_TMA_DTYPES:
         raise TensorMapError(
@@ -583,10 +597,11 @@ class TensorMapArray:
         tensormaps = list(tensormaps)
         if not tensormaps:
             raise TensorMapError("TensorMapArray: needs at least one TensorMap.")
-        first = tensormaps[0].numba_type
         for i, t in enumerate(tensormaps):
             if not isinstance(t, TensorMap):
                 raise TensorMapError(f"TensorMapArray: item {i} is a {type(t).__name__}, not a TensorMap.")
+        first = tensormaps[0].numba_type
+        for i, t in enumerate(tensormaps):
             if t.numba_type != first:
                 raise TensorMapError(
                     f"TensorMapArray: every descriptor must have the same kernel type; item 0 is {first}, "
