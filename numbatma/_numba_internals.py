@@ -10,12 +10,13 @@ The hooks:
    return-value argument is dropped): kernel parameters whose LLVM type is a pointer to
    ``struct.numbatma.CUtensorMap`` become ``byval align 128`` and get an
    ``!nvvm.annotations !{kernel, !"grid_constant", !{i32 <1-based index>}}`` entry - the NVVM spelling of
-   ``const __grid_constant__ CUtensorMap``. llvmlite would print ``byval(<type>)``, which libNVVM rejects,
-   so the attribute set prints plain ``byval``.
+   ``const __grid_constant__ CUtensorMap``.
 2. ``numba.cuda.dispatcher._Kernel._prepare_args``: a TensorMap argument is handed to ``cuda.core.launch``
    as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its device address.
 3. ``numba.cuda.dispatcher._Kernel.launch``: a launch asking for more than 48 KiB of dynamic shared memory
    first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (once per size).
+5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
+   dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
 4. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed as
    :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 import ctypes
 
 from llvmlite import ir
-from llvmlite.ir.values import ArgumentAttributes
 
 TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
 _DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
@@ -52,13 +52,18 @@ def check_version():
 
 
 # -- hook 1: by-value __grid_constant__ descriptor parameters -------------------------------------
-class _PlainByvalAttributes(ArgumentAttributes):
-    """Argument attributes that print ``byval`` without the ``(<type>)`` suffix libNVVM refuses."""
+# libNVVM parses two IR dialects: for sm_90 and older targets the LLVM 7 one, which wants a plain
+# ``byval``; for sm_100 and newer the modern one, which wants ``byval(<type>)``. llvmlite prints the typed
+# form; the compile_ir hook (hook 5) strips the type for the old dialect.
+_TYPED_BYVAL = 'byval(%"struct.numbatma.CUtensorMap")'
 
-    def _expand(self, name, typ):
-        if name == "byval":
-            return name
-        return super()._expand(name, typ)
+
+def _nvvm_ir_for_arch(ir_text, arch):
+    """Spell the descriptor ``byval`` the way libNVVM parses it for ``arch`` (e.g. ``compute_90a``)."""
+    digits = "".join(ch for ch in str(arch) if ch.isdigit())
+    if digits and int(digits) < 100 and isinstance(ir_text, str):
+        return ir_text.replace(_TYPED_BYVAL, "byval")
+    return ir_text
 
 
 def mark_grid_constant_params(function):
@@ -72,12 +77,8 @@ def mark_grid_constant_params(function):
     for index, arg in enumerate(function.args):
         if arg.type != CUTENSORMAP_PTR:
             continue
-        attrs = _PlainByvalAttributes()
-        for name in arg.attributes:
-            attrs.add(name)
-        attrs.add("byval")
-        attrs.align = 128
-        arg.attributes = attrs
+        arg.attributes.add("byval")
+        arg.attributes.align = 128
         indices.append(index + 1)
     if indices:
         md = module.add_metadata(
@@ -145,6 +146,7 @@ def _hook_points():
         "_Kernel._prepare_args": (dispatcher._Kernel, "_prepare_args"),
         "_Kernel.launch": (dispatcher._Kernel, "launch"),
         "Cuda_shared_array.generic": (cudadecl.Cuda_shared_array, "generic"),
+        "nvvm.compile_ir": (nvvm, "compile_ir"),
     }
 
 
@@ -168,6 +170,18 @@ def install():
         return original_set_cuda_kernel(function)
 
     nvvm_mod.set_cuda_kernel = set_cuda_kernel
+
+    original_compile_ir = nvvm_mod.compile_ir
+
+    def compile_ir(llvmir, **options):
+        arch = options.get("arch", "")
+        if isinstance(llvmir, (list, tuple)):
+            llvmir = [_nvvm_ir_for_arch(m, arch) for m in llvmir]
+        else:
+            llvmir = _nvvm_ir_for_arch(llvmir, arch)
+        return original_compile_ir(llvmir, **options)
+
+    nvvm_mod.compile_ir = compile_ir
 
     kernel_cls = points["_Kernel._prepare_args"][0]
     original_prepare = kernel_cls._prepare_args

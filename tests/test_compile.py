@@ -1,0 +1,235 @@
+"""CPU tests: every intrinsic compiles to PTX holding its instruction and links to a cubin for each target
+through nvJitLink (offline); the SASS has the TMA instructions; descriptors are by-value kernel parameters;
+misuse is a typing error with a clear message."""
+import re
+
+import numpy as np
+import pytest
+from numba import cuda, types
+
+import numbatma
+from numbatma import TensorMap, compile as nbc
+from numbatma._types import TensorMapArrayType
+from numbatma.intrinsics import (
+    all_ptx,
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    fence_mbarrier_init,
+    fence_proxy_async_shared_cta,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx,
+    mbarrier_arrive_n,
+    mbarrier_complete_tx,
+    mbarrier_expect_tx,
+    mbarrier_init,
+    mbarrier_inval,
+    mbarrier_ref,
+    mbarrier_test_wait,
+    mbarrier_test_wait_parity,
+    mbarrier_try_wait_parity,
+    mbarrier_wait,
+    mbarrier_wait_parity,
+    tensormap_acquire,
+    tma_load,
+    tma_store,
+)
+
+from fakes import FakeCudaArray
+
+SHAPES = {1: (256,), 2: (64, 64), 3: (4, 16, 32), 4: (2, 4, 8, 32), 5: (2, 2, 4, 8, 32)}
+BOXES = {1: (64,), 2: (16, 32), 3: (2, 8, 32), 4: (1, 2, 8, 32), 5: (1, 1, 2, 8, 32)}
+DESC = {r: TensorMap(FakeCudaArray(SHAPES[r], np.float32), BOXES[r]) for r in SHAPES}
+T1, T2, T3, T4, T5 = (DESC[r].shared_shape for r in (1, 2, 3, 4, 5))
+
+
+def every_intrinsic(d1, d2, d3, d4, d5, descs, out):
+    t1 = cuda.shared.array(T1, np.float32, alignment=128)
+    t2 = cuda.shared.array(T2, np.float32, alignment=128)
+    t3 = cuda.shared.array(T3, np.float32, alignment=128)
+    t4 = cuda.shared.array(T4, np.float32, alignment=128)
+    t5 = cuda.shared.array(T5, np.float32, alignment=128)
+    bars = cuda.shared.array(2, np.uint64)
+    bar = mbarrier_ref(bars, 1)
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bars, 1)
+        mbarrier_init(bar, 2)
+        fence_mbarrier_init()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        mbarrier_arrive_expect_tx(bars, 5 * 0 + d1.box_bytes + d2.box_bytes + d3.box_bytes + d4.box_bytes + d5.box_bytes)
+        tma_load(t1, d1, 0, bars)
+        tma_load(t2, d2, (0, 1), bars)
+        tma_load(t3, d3, (0, 1, 2), bars)
+        tma_load(t4, d4, (0, 1, 2, 3), bars)
+        tma_load(t5, d5, (0, 1, 2, 3, 4), bars)
+        mbarrier_expect_tx(bar, 16)
+        mbarrier_complete_tx(bar, 16)
+        mbarrier_arrive_n(bar, 2)
+    mbarrier_wait_parity(bars, 0)
+    tok = mbarrier_arrive(bar)
+    out[0] = mbarrier_test_wait(bar, tok)
+    mbarrier_wait(bar, tok)
+    out[1] = mbarrier_try_wait_parity(bar, 1)
+    out[2] = mbarrier_test_wait_parity(bar, 1)
+    fence_proxy_async_shared_cta()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        g = tensormap_acquire(descs, 1)
+        tma_store(g, (0, 0), t2)
+        tma_store(d1, (0,), t1)
+        tma_store(d2, (0, 1), t2)
+        tma_store(d3, (0, 1, 2), t3)
+        tma_store(d4, (0, 1, 2, 3), t4)
+        tma_store(d5, (0, 1, 2, 3, 4), t5)
+        bulk_commit_group()
+        bulk_wait_group_read(1)
+        bulk_wait_group(0)
+        mbarrier_inval(bar)
+
+
+SIG = tuple(DESC[r].numba_type for r in (1, 2, 3, 4, 5)) + (TensorMapArrayType(DESC[2].numba_type), types.int32[:])
+
+
+@pytest.fixture(scope="module", params=nbc.ARCHS)
+def compiled(request):
+    ptx = nbc.compile_ptx(every_intrinsic, SIG, arch=request.param)
+    return request.param, ptx, nbc.link_cubin(ptx, request.param)
+
+
+def _ptx_regex(text):
+    """A regex matching an instruction's rendered text with any registers/immediates."""
+    body = re.sub(r"\$\w+", "\x00", text)
+    parts = [re.escape(p) for p in body.split("\x00")]
+    return r"[^;\n]*?".join(parts).replace(r"\ ", r"\s+")
+
+
+@pytest.mark.parametrize("name", sorted(all_ptx()))
+def test_every_instruction_in_ptx(compiled, name):
+    arch, ptx, cubin = compiled
+    text = all_ptx()[name].text
+    assert re.search(_ptx_regex(text), ptx), f"{name}: {text!r} not found in the {arch} PTX"
+
+
+def test_links_to_cubin(compiled):
+    arch, ptx, cubin = compiled
+    assert f".target {arch}" in ptx
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+
+
+def test_sass_has_tma_instructions(compiled):
+    arch, ptx, cubin = compiled
+    sass = nbc.sass(cubin)
+    for rank in (1, 2, 3, 4, 5):
+        assert f"UTMALDG.{rank}D" in sass
+        assert f"UTMASTG.{rank}D" in sass
+    assert "SYNCS.ARRIVE.TRANS64" in sass  # mbarrier arrive with transaction count
+    assert "SYNCS.PHASECHK.TRANS64" in sass  # try_wait / test_wait
+
+
+def test_descriptor_parameters_are_by_value(compiled):
+    arch, ptx, cubin = compiled
+    entry = ptx[ptx.index(".entry"): ptx.index("{", ptx.index(".entry"))]
+    assert entry.count(".param .align 128 .b8") == 5  # the five by-value descriptors
+    assert "cvta.param.u64" in ptx  # generic address of the parameter itself: no copy
+    assert "st.local" not in ptx and ".local" not in ptx  # never copied to local memory
+    assert "fence.proxy.tensormap::generic.acquire.gpu" in ptx  # the global-memory descriptor
+
+
+# -- typing errors -----------------------------------------------------------------------------------------
+D2 = DESC[2]
+
+
+def _expect_typing_error(fn, sig, *fragments):
+    with pytest.raises(Exception) as info:
+        nbc.compile_ptx(fn, sig)
+    assert type(info.value).__name__ == "TypingError", info.value
+    msg = str(info.value)
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg}"
+
+
+def k_wrong_rank(d):
+    t = cuda.shared.array((16, 32), np.float32)
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0, 0), b)
+
+
+def k_wrong_dtype(d):
+    t = cuda.shared.array((16, 32), np.int32)
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0), b)
+
+
+def k_wrong_size(d):
+    t = cuda.shared.array((16, 16), np.float32)
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0), b)
+
+
+def k_global_dst(d, a):
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(a, d, (0, 0), b)
+
+
+def k_local_dst(d):
+    t = cuda.local.array((16, 32), np.float32)
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0), b)
+
+
+def k_global_barrier(d, bar):
+    t = cuda.shared.array((16, 32), np.float32)
+    tma_load(t, d, (0, 0), bar)
+
+
+def k_runtime_wait_n(n):
+    bulk_wait_group(n)
+
+
+def k_store_wrong_size(d):
+    t = cuda.shared.array((8, 32), np.float32)
+    tma_store(d, (0, 0), t)
+
+
+def test_typing_error_wrong_number_of_coordinates():
+    _expect_typing_error(k_wrong_rank, (D2.numba_type,), "rank 2", "3 coordinates")
+
+
+def test_typing_error_tile_dtype():
+    _expect_typing_error(k_wrong_dtype, (D2.numba_type,), "dtype int32", "float32")
+
+
+def test_typing_error_tile_bytes():
+    _expect_typing_error(k_wrong_size, (D2.numba_type,), "1024 bytes", "2048 bytes")
+    _expect_typing_error(k_store_wrong_size, (D2.numba_type,), "tma_store", "1024 bytes", "2048 bytes")
+
+
+def test_typing_error_not_shared_memory():
+    _expect_typing_error(k_global_dst, (D2.numba_type, types.float32[:, ::1]), "shared-memory array")
+    _expect_typing_error(k_local_dst, (D2.numba_type,), "shared-memory array")
+    _expect_typing_error(k_global_barrier, (D2.numba_type, types.uint64[::1]), "mbarrier must live in shared")
+
+
+def test_typing_error_wait_group_needs_constant():
+    _expect_typing_error(k_runtime_wait_n, (types.int32,), "compile-time constant")
+
+
+def test_shared_array_keeps_marker_through_indexing():
+    def k(d):
+        stages = cuda.shared.array((2, 16, 32), np.float32, alignment=128)
+        b = cuda.shared.array(2, np.uint64)
+        tma_load(stages[1], d, (0, 0), mbarrier_ref(b, 1))
+
+    ptx = nbc.compile_ptx(k, (D2.numba_type,))
+    assert "cp.async.bulk.tensor.2d" in ptx
+
+
+def test_box_bytes_is_a_compile_time_constant():
+    def k(d, out):
+        out[0] = d.box_bytes
+        out[1] = d.rank
+        out[2] = d.box[1]
+
+    ptx = nbc.compile_ptx(k, (D2.numba_type, types.int64[::1]))
+    assert "2048" in ptx  # 16 * 32 * 4, folded into the code

@@ -1,0 +1,66 @@
+"""CPU: the examples' and the kernel library's kernels type-check, compile and link for sm_90a; the
+examples explain themselves on a machine without a GPU."""
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import types
+
+import numbatma
+from numbatma import compile as nbc
+from numbatma.kernels.copy import _copy_kernel, default_box
+
+from fakes import FakeCudaArray
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tmap(shape, dtype, box):
+    return numbatma.TensorMap(FakeCudaArray(shape, dtype), box)
+
+
+def test_tma_copy_example_compiles():
+    m = load("tma_copy")
+    t = tmap((1000, 1008), np.float32, (m.BM, m.BN))
+    assert "UTMALDG.2D" in nbc.sass(nbc.link_cubin(nbc.compile_ptx(m.tma_copy_kernel.py_func, (t, t))))
+
+
+def test_seed_002_example_compiles():
+    m = load("seed_002_tile_load")
+    t = tmap((128, 64), np.float16, (128, 64))
+    nbc.link_cubin(nbc.compile_ptx(m.tma_tile_load.py_func, (t, types.float16[:, :])))
+
+
+def test_seed_003_example_compiles():
+    m = load("seed_003_load_store")
+    t = tmap((300, 512), np.float32, (m.CTA_M, m.CTA_N))
+    nbc.link_cubin(nbc.compile_ptx(m.scale_tiles.py_func, (t, t, types.float32)))
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
+def test_copy_kernel_compiles_for_every_rank(rank):
+    shape = (3, 5, 7, 9, 40)[-rank:]
+    t = tmap(shape, np.int16, default_box(shape, 2))
+    k = _copy_kernel(rank, t.shared_shape, t.numba_type.dtype, 128)
+    ptx = nbc.compile_ptx(k.py_func, (t, t, types.UniTuple(types.int64, rank)))
+    assert f"cp.async.bulk.tensor.{rank}d" in ptx
+
+
+def test_main_example_says_what_it_needs_without_a_gpu():
+    from conftest import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("a GPU is present")
+    out = subprocess.run([sys.executable, str(EXAMPLES / "tma_copy.py")], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "needs a CUDA GPU" in out.stdout

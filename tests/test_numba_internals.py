@@ -1,0 +1,72 @@
+"""Fails loudly when numba-cuda changes under numbatma's hooks (numbatma/_numba_internals.py)."""
+import inspect
+
+import numpy as np
+from numba import cuda, types
+
+import numbatma
+from numbatma import _numba_internals as internals
+from numbatma import compile as nbc
+from numbatma._types import SharedArray
+
+from fakes import FakeCudaArray
+
+
+def test_numba_cuda_version_in_tested_range():
+    lo, hi = internals.TESTED_RANGE
+    assert lo <= internals.numba_cuda_version() < hi
+
+
+def test_hook_points_exist_with_expected_signatures():
+    points = internals._hook_points()
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import nvvm
+
+    # the hooks are installed (our wrappers are in place)
+    assert nvvm.set_cuda_kernel.__module__ == internals.__name__
+    assert nvvm.compile_ir.__module__ == internals.__name__
+    assert dispatcher._Kernel._prepare_args.__module__ == internals.__name__
+    assert dispatcher._Kernel.launch.__module__ == internals.__name__
+    assert set(points) == {
+        "nvvm.set_cuda_kernel", "_Kernel._prepare_args", "_Kernel.launch", "Cuda_shared_array.generic",
+        "nvvm.compile_ir",
+    }
+    # the upstream functions our wrappers call keep the argument lists we rely on
+    src = inspect.getsource(dispatcher._Kernel.__init__)
+    assert "kernel_fixup" in src
+    from numba.cuda import compiler
+
+    assert "nvvm.set_cuda_kernel(kernel)" in inspect.getsource(compiler.kernel_fixup)
+    assert "kernel.args = kernel.args[1:]" in inspect.getsource(compiler.kernel_fixup)
+
+
+def test_shared_array_typed_as_shared():
+    def k(out):
+        a = cuda.shared.array((4, 8), np.float32)
+        out[0] = a[0, 0]
+
+    from numba.cuda.compiler import compile_cuda
+    from numba.cuda.descriptor import cuda_target
+
+    cres = compile_cuda(k, types.void, (types.float32[::1],), cc=(9, 0))
+    shared = [t for t in cres.type_annotation.typemap.values() if isinstance(t, SharedArray)]
+    assert shared and shared[0].static_shape == (4, 8)
+    del cuda_target
+
+
+def test_byval_spelling_per_nvvm_dialect():
+    ir_text = 'define void @k(%"struct.numbatma.CUtensorMap"* byval(%"struct.numbatma.CUtensorMap") align 128 %a)'
+    assert "byval align 128" in internals._nvvm_ir_for_arch(ir_text, "compute_90a")
+    assert internals._TYPED_BYVAL in internals._nvvm_ir_for_arch(ir_text, "compute_100a")
+
+
+def test_grid_constant_annotation_lists_every_descriptor():
+    d = numbatma.TensorMap(FakeCudaArray((64, 64), np.float32), (16, 32))
+
+    def k(a, b, n, c):
+        pass
+
+    for arch in nbc.ARCHS:
+        ptx = nbc.compile_ptx(k, (d.numba_type, d.numba_type, types.int32, d.numba_type), arch=arch)
+        entry = ptx[ptx.index(".entry"): ptx.index(")", ptx.index(".entry"))]
+        assert entry.count(".param .align 128 .b8") == 3, entry
