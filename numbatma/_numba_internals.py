@@ -29,6 +29,7 @@ from llvmlite import ir
 TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
 _DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 _installed = False
+_TensorMapType = _TensorMapArrayType = None  # bound by install()
 
 
 def numba_cuda_version():
@@ -93,12 +94,13 @@ def mark_grid_constant_params(function):
 
 # -- hook 2: descriptor arguments at launch ----------------------------------------------------------
 def _prepare_numbatma_arg(ty, val, kernelargs):
-    from ._types import TensorMapArrayType, TensorMapType
-
-    if isinstance(ty, TensorMapType):
-        kernelargs.append(val.descriptor)
+    """Append a descriptor argument; False for any other argument. On the launch path: keep it cheap."""
+    cls = type(ty)
+    if cls is _TensorMapType:
+        desc = val._descriptor
+        kernelargs.append(desc if desc is not None else val.descriptor)
         return True
-    if isinstance(ty, TensorMapArrayType):
+    if cls is _TensorMapArrayType:
         kernelargs.append(ctypes.c_uint64(val.address))
         return True
     return False
@@ -151,10 +153,13 @@ def _hook_points():
 
 
 def install():
-    global _installed
+    global _installed, _TensorMapType, _TensorMapArrayType
     if _installed:
         return
     check_version()
+    from ._types import TensorMapArrayType, TensorMapType
+
+    _TensorMapType, _TensorMapArrayType = TensorMapType, TensorMapArrayType
     from numba.cuda import config
 
     points = _hook_points()

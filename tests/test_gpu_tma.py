@@ -163,7 +163,7 @@ def test_oob_fill(fill):
     src = cuda.to_device(host)
     desc = TensorMap(src, (16, 16), oob_fill=fill)
     kernel = _load_box_kernel((16, 16))
-    for coords in [(12, 28), (-5, -3), (0, 32), (30, 0)]:
+    for coords in [(12, 28), (-5, -4), (0, 32), (30, 0), (-16, 20)]:
         out = cuda.to_device(np.full((16, 16), 12345.0, np.float32))
         kernel[1, 128](desc, coords, out)
         got = out.copy_to_host()
