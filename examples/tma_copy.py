@@ -41,6 +41,10 @@ def tma_copy_kernel(src, dst):
 
 
 def main():
+    if numbatma.SIMULATING:
+        print("tma_copy.py: the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run TMA kernels yet (issue #4);")
+        print("run it on a GPU with compute capability 9.0+.")
+        return 0
     if not cuda.is_available():
         print("tma_copy.py needs a CUDA GPU with TMA (compute capability 9.0+); none was found.")
         print("(Running kernels in the CPU simulator, NUMBA_ENABLE_CUDASIM=1, is planned: issue #4.)")
