@@ -56,15 +56,16 @@ if not SIMULATING:
     from ._define import fail, shared_address
 
 
-def _void_op(ptx, *, extra=()):
-    """Lowering for ``op(bar, *extra_ints)`` emitting ``ptx`` (extra operands are b32 inputs)."""
+def _lower(ptx, extra=(), *, returns=False):
+    """Lowering of ``op(bar, *extra_ints)``: emit ``ptx`` with the extra operands as b32 inputs; return its
+    output (``returns=True``) or nothing."""
 
     def codegen(context, builder, sig, args):
         ops = {"bar": barrier_address(context, builder, sig.args[0], args[0])}
         for name, ty, val in zip(extra, sig.args[1:], args[1:]):
             ops[name] = to_u32(context, builder, ty, val)
-        ptx.emit(builder, **ops)
-        return context.get_dummy_value()
+        out = ptx.emit(builder, **ops)
+        return out if returns else context.get_dummy_value()
 
     return codegen
 
@@ -95,7 +96,7 @@ def mbarrier_init(typingctx, bar, count):
     (``cuda.syncthreads()``) before any other thread uses the barrier. ``1 <= count < 2**20``."""
     require_barrier("mbarrier_init", bar)
     require_int("mbarrier_init", "count", count)
-    return types.void(bar, count), _void_op(INIT, extra=("count",))
+    return types.void(bar, count), _lower(INIT, ("count",))
 
 
 @device_op()
@@ -103,17 +104,7 @@ def mbarrier_inval(typingctx, bar):
     """``mbarrier.inval.shared::cta.b64 [bar];`` - invalidate before reusing the memory for other data.
     No thread may be waiting on, or later arrive at, the barrier."""
     require_barrier("mbarrier_inval", bar)
-    return types.void(bar), _void_op(INVAL)
-
-
-def _arrive_codegen(ptx, extra=()):
-    def codegen(context, builder, sig, args):
-        ops = {"bar": barrier_address(context, builder, sig.args[0], args[0])}
-        for name, ty, val in zip(extra, sig.args[1:], args[1:]):
-            ops[name] = to_u32(context, builder, ty, val)
-        return ptx.emit(builder, **ops)
-
-    return codegen
+    return types.void(bar), _lower(INVAL)
 
 
 @device_op()
@@ -123,7 +114,7 @@ def mbarrier_arrive(typingctx, bar):
     ``mbarrier.arrive.shared::cta.b64 state, [bar];``. Pass the token to ``mbarrier_wait`` /
     ``mbarrier_test_wait``."""
     require_barrier("mbarrier_arrive", bar)
-    return types.uint64(bar), _arrive_codegen(ARRIVE)
+    return types.uint64(bar), _lower(ARRIVE, returns=True)
 
 
 @device_op()
@@ -132,7 +123,7 @@ def mbarrier_arrive_n(typingctx, bar, count):
     ``mbarrier.arrive.shared::cta.b64 state, [bar], count;`` (sm_90). ``count >= 1``."""
     require_barrier("mbarrier_arrive_n", bar)
     require_int("mbarrier_arrive_n", "count", count)
-    return types.uint64(bar, count), _arrive_codegen(ARRIVE_COUNT, ("count",))
+    return types.uint64(bar, count), _lower(ARRIVE_COUNT, ("count",), returns=True)
 
 
 @device_op()
@@ -143,7 +134,7 @@ def mbarrier_arrive_expect_tx(typingctx, bar, tx_bytes):
     TMA loads announces the bytes they will deliver (``desc.box_bytes`` per tile). ``tx_bytes < 2**20``."""
     require_barrier("mbarrier_arrive_expect_tx", bar)
     require_int("mbarrier_arrive_expect_tx", "tx_bytes", tx_bytes)
-    return types.uint64(bar, tx_bytes), _arrive_codegen(ARRIVE_EXPECT_TX, ("tx",))
+    return types.uint64(bar, tx_bytes), _lower(ARRIVE_EXPECT_TX, ("tx",), returns=True)
 
 
 @device_op()
@@ -152,7 +143,7 @@ def mbarrier_expect_tx(typingctx, bar, tx_bytes):
     count without arriving."""
     require_barrier("mbarrier_expect_tx", bar)
     require_int("mbarrier_expect_tx", "tx_bytes", tx_bytes)
-    return types.void(bar, tx_bytes), _void_op(EXPECT_TX, extra=("tx",))
+    return types.void(bar, tx_bytes), _lower(EXPECT_TX, ("tx",))
 
 
 @device_op()
@@ -161,7 +152,7 @@ def mbarrier_complete_tx(typingctx, bar, tx_bytes):
     (what the async proxy does when a TMA copy lands)."""
     require_barrier("mbarrier_complete_tx", bar)
     require_int("mbarrier_complete_tx", "tx_bytes", tx_bytes)
-    return types.void(bar, tx_bytes), _void_op(COMPLETE_TX, extra=("tx",))
+    return types.void(bar, tx_bytes), _lower(COMPLETE_TX, ("tx",))
 
 
 @device_op()
@@ -172,7 +163,7 @@ def mbarrier_wait_parity(typingctx, bar, parity):
     The first phase of a fresh barrier has parity 0; flip the parity after each completed phase."""
     require_barrier("mbarrier_wait_parity", bar)
     require_int("mbarrier_wait_parity", "parity", parity)
-    return types.void(bar, parity), _void_op(WAIT_PARITY, extra=("parity",))
+    return types.void(bar, parity), _lower(WAIT_PARITY, ("parity",))
 
 
 @device_op()
@@ -183,7 +174,7 @@ def mbarrier_try_wait_parity(typingctx, bar, parity):
     require_int("mbarrier_try_wait_parity", "parity", parity)
 
     def codegen(context, builder, sig, args):
-        done = _arrive_codegen(TRY_WAIT_PARITY, ("parity",))(context, builder, sig, args)
+        done = _lower(TRY_WAIT_PARITY, ("parity",), returns=True)(context, builder, sig, args)
         return builder.icmp_unsigned("!=", done, ir.Constant(done.type, 0))
 
     return types.boolean(bar, parity), codegen
@@ -196,7 +187,7 @@ def mbarrier_test_wait_parity(typingctx, bar, parity):
     require_int("mbarrier_test_wait_parity", "parity", parity)
 
     def codegen(context, builder, sig, args):
-        done = _arrive_codegen(TEST_WAIT_PARITY, ("parity",))(context, builder, sig, args)
+        done = _lower(TEST_WAIT_PARITY, ("parity",), returns=True)(context, builder, sig, args)
         return builder.icmp_unsigned("!=", done, ir.Constant(done.type, 0))
 
     return types.boolean(bar, parity), codegen

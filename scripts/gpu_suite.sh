@@ -26,4 +26,8 @@ for b in "$repo"/benchmarks/*.py; do
   echo "== $b" | tee -a "$out/benchmarks.log"
   python3 "$b" 2>&1 | tee -a "$out/benchmarks.log" || status=1
 done
+# Observation, not a pass/fail check: which innermost start coordinates a tile load accepts (docs/guide.md).
+for c in 0,4 0,-4 -5,-8 0,3 0,-3; do
+  timeout 60 python3 "$repo/scripts/debug_oob.py" $c 2>&1 | tail -1 | sed "s/^/probe $c: /" | tee -a "$out/probe.log"
+done
 exit $status
