@@ -9,11 +9,10 @@ function that says the operation has no simulator semantics yet).
 from __future__ import annotations
 
 import functools
-import os
 
 from llvmlite import ir
 
-SIMULATING = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+from numbatma import SIMULATING
 
 if not SIMULATING:
     from numba.cuda import types

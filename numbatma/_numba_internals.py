@@ -15,10 +15,10 @@ The hooks:
    as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its device address.
 3. ``numba.cuda.dispatcher._Kernel.launch``: a launch asking for more than 48 KiB of dynamic shared memory
    first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (once per size).
-5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
-   dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
 4. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed as
    :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
+5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
+   dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
 """
 from __future__ import annotations
 

@@ -291,15 +291,12 @@ class TensorMap:
     def numba_type(self):
         """The kernel-side Numba type (use it in explicit signatures, e.g. for ``cuda.compile_ptx``)."""
         if self._numba_type is None:
-            from numba.cuda import types
-
             from ._types import TensorMapType
 
             nb_dtype = _numba_dtype(self.dtype)
             self._numba_type = TensorMapType(
                 nb_dtype, self.tma_dtype, self.box, self.element_strides, int(self.swizzle), int(self.interleave)
             )
-            del types
         return self._numba_type
 
     @property
