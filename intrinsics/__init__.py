@@ -1,8 +1,17 @@
 """numbatma.intrinsics: device-side operations for ``@cuda.jit`` kernels.
 
 Each function emits inline PTX; its docstring names the PTX and what the caller must guarantee. The PTX of
-every operation is listed, one family per module, in ``mbarrier.PTX``, ``tma.PTX`` and ``fence.PTX``.
+every operation is listed, one family per module, in ``mbarrier.PTX``, ``tma.PTX``, ``fence.PTX``,
+``async_copy.PTX`` (LDGSTS), ``warp.PTX`` and ``pipeline.PTX``; ``all_ptx()`` gathers them.
 """
+from .async_copy import (
+    cp_async,
+    cp_async_commit_group,
+    cp_async_mbarrier_arrive,
+    cp_async_mbarrier_arrive_noinc,
+    cp_async_wait_all,
+    cp_async_wait_group,
+)
 from .fence import fence_mbarrier_init, fence_proxy_async_shared_cta, tensormap_acquire
 from .mbarrier import (
     mbarrier_arrive,
@@ -19,9 +28,23 @@ from .mbarrier import (
     mbarrier_wait,
     mbarrier_wait_parity,
 )
+from .pipeline import Pipeline
 from .tma import bulk_commit_group, bulk_wait_group, bulk_wait_group_read, tma_load, tma_store
+from .warp import elect_one_sync, named_barrier_arrive, named_barrier_sync, setmaxnreg_dec, setmaxnreg_inc
 
 __all__ = [
+    "Pipeline",
+    "cp_async",
+    "cp_async_commit_group",
+    "cp_async_mbarrier_arrive",
+    "cp_async_mbarrier_arrive_noinc",
+    "cp_async_wait_all",
+    "cp_async_wait_group",
+    "elect_one_sync",
+    "named_barrier_arrive",
+    "named_barrier_sync",
+    "setmaxnreg_dec",
+    "setmaxnreg_inc",
     "bulk_commit_group",
     "bulk_wait_group",
     "bulk_wait_group_read",
@@ -48,6 +71,6 @@ __all__ = [
 
 def all_ptx():
     """Every PTX instruction description, by intrinsic name."""
-    from . import fence, mbarrier, tma
+    from . import async_copy, fence, mbarrier, pipeline, tma, warp
 
-    return {**mbarrier.PTX, **tma.PTX, **fence.PTX}
+    return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX}

@@ -19,16 +19,24 @@ The hooks:
    :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
 5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
    dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
+6. ``numba.cuda.dispatcher.get_current_device``: compiling a device function (``cuda.jit(device=True)``,
+   ``overload_method`` implementations) asks the *current device* for its compute capability, which needs a
+   driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers with the compile target
+   instead, so kernels built from device functions compile to PTX on machines without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
+import types as _pytypes
 
 from llvmlite import ir
 
 TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
 _DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 _installed = False
+_offline = threading.local()
 _TensorMapType = _TensorMapArrayType = None  # bound by install()
 
 
@@ -137,6 +145,29 @@ def _ensure_dynamic_smem(kernel, nbytes):
     kernel._numbatma_dynamic_smem = nbytes
 
 
+# -- hook 6: device functions compile without a driver ------------------------------------------------
+@contextlib.contextmanager
+def offline_target(cc):
+    """Within this block, device-function compilation targets compute capability ``cc`` (a tuple such as
+    ``(9, 0, "a")``) instead of asking the driver for the current device."""
+    previous = getattr(_offline, "cc", None)
+    _offline.cc = tuple(cc)
+    try:
+        yield
+    finally:
+        _offline.cc = previous
+
+
+def _device_for_compile(original):
+    def get_current_device():
+        cc = getattr(_offline, "cc", None)
+        if cc is not None:
+            return _pytypes.SimpleNamespace(compute_capability=cc[:2])
+        return original()
+
+    return get_current_device
+
+
 # -- installation -------------------------------------------------------------------------------------
 def _hook_points():
     """The upstream objects numbatma patches (tests check they still exist)."""
@@ -149,6 +180,7 @@ def _hook_points():
         "_Kernel.launch": (dispatcher._Kernel, "launch"),
         "Cuda_shared_array.generic": (cudadecl.Cuda_shared_array, "generic"),
         "nvvm.compile_ir": (nvvm, "compile_ir"),
+        "dispatcher.get_current_device": (dispatcher, "get_current_device"),
     }
 
 
@@ -231,4 +263,7 @@ def install():
         return shared_typer
 
     decl_cls.generic = generic
+
+    disp_mod, _ = points["dispatcher.get_current_device"]
+    disp_mod.get_current_device = _device_for_compile(disp_mod.get_current_device)
     _installed = True

@@ -25,7 +25,10 @@ def compile_ptx(pyfunc, argtypes, arch="sm_90a", **kwargs):
     if arch not in _CC:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     sig = tuple(a if _is_numba_type(a) else typeof(a) for a in argtypes)
-    ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=_CC[arch], **kwargs)
+    from numbatma._numba_internals import offline_target
+
+    with offline_target(_CC[arch]):
+        ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=_CC[arch], **kwargs)
     return ptx
 
 

@@ -1,0 +1,168 @@
+"""LDGSTS: the per-thread asynchronous global -> shared copy of sm_80+ (``cp.async``), with completion by
+commit groups or by an mbarrier.
+
+Each thread copies 4, 8 or 16 bytes per instruction; a block copies a tile cooperatively (the
+``cuda::memcpy_async`` / ``cuda::pipeline`` model). Elements are named by an index into the array (an
+integer for 1-D arrays, a tuple otherwise), so views with strides work.
+"""
+from __future__ import annotations
+
+from ._asm import Ptx
+from ._define import SIMULATING, barrier_address, device_op, fail, require_barrier, require_literal_int
+
+# The global operand is converted from a generic address inside the asm block.
+COPY_CA = Ptx(
+    "{ .reg .u64 g; cvta.to.global.u64 g, $src; cp.async.ca.shared.global [$dst], [g], $nbytes; }",
+    ins=(("dst", "b32"), ("src", "b64")), imm=("nbytes",), min_sm=80,
+)
+COPY_CG = Ptx(
+    "{ .reg .u64 g; cvta.to.global.u64 g, $src; cp.async.cg.shared.global [$dst], [g], 16; }",
+    ins=(("dst", "b32"), ("src", "b64")), min_sm=80,
+)
+COMMIT_GROUP = Ptx("cp.async.commit_group;", min_sm=80)
+WAIT_GROUP = Ptx("cp.async.wait_group $n;", imm=("n",), min_sm=80)
+WAIT_ALL = Ptx("cp.async.wait_all;", min_sm=80)
+MBARRIER_ARRIVE = Ptx("cp.async.mbarrier.arrive.shared.b64 [$bar];", ins=(("bar", "b32"),), min_sm=80)
+MBARRIER_ARRIVE_NOINC = Ptx("cp.async.mbarrier.arrive.noinc.shared.b64 [$bar];", ins=(("bar", "b32"),), min_sm=80)
+
+if not SIMULATING:
+    from llvmlite import ir
+    from numba.cuda import cgutils, types
+
+    from numbatma._types import SharedArray
+
+    from ._define import require_shared
+
+
+def _index_types(op, what, ary, index):
+    if isinstance(index, types.Integer):
+        if ary.ndim != 1:
+            fail(op, f"{what} is {ary.ndim}-D: index it with a tuple of {ary.ndim} integers")
+        return
+    if not (isinstance(index, types.BaseTuple) and len(index) == ary.ndim
+            and all(isinstance(t, types.Integer) for t in index)):
+        fail(op, f"the index into {what} ({ary}) must be {ary.ndim} integer(s), got {index}")
+
+
+def _element_pointer(context, builder, aryty, ary, indty, index):
+    arr = context.make_array(aryty)(context, builder, ary)
+    if isinstance(indty, types.Integer):
+        inds = [context.cast(builder, index, indty, types.intp)]
+    else:
+        inds = [context.cast(builder, builder.extract_value(index, i), t, types.intp) for i, t in enumerate(indty)]
+    ptr = cgutils.get_item_pointer(context, builder, aryty, arr, inds)
+    return builder.bitcast(ptr, ir.IntType(8).as_pointer())
+
+
+def _shared_pointer(builder, ptr):
+    smem = builder.addrspacecast(ptr, ir.IntType(8).as_pointer(3))
+    return builder.ptrtoint(smem, ir.IntType(32))
+
+
+@device_op(prefer_literal=True)
+def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
+    """Start copying ``nbytes`` (4, 8 or 16) bytes from ``src[src_index]`` (global) to ``dst[dst_index]``
+    (shared) with this thread.
+
+    Emits ``cp.async.cg.shared.global [dst], [src], 16;`` for 16 bytes (cached in L2 only, the streaming
+    choice) and ``cp.async.ca.shared.global [dst], [src], n;`` for 4 and 8. The caller guarantees: both
+    addresses are ``nbytes``-aligned and the ``nbytes`` bytes are contiguous in both arrays; nobody reads
+    ``dst`` before the copy is known complete (``cp_async_wait_group`` / ``cp_async_wait_all`` by this
+    thread, or a wait on an mbarrier that ``cp_async_mbarrier_arrive*`` tracks)."""
+    op = "cp_async"
+    require_shared(op, "the destination", dst)
+    if not isinstance(src, types.Array) or isinstance(src, SharedArray):
+        fail(op, f"the source must be a global-memory array (a kernel argument), got {src}")
+    _index_types(op, "the destination", dst, dst_index)
+    _index_types(op, "the source", src, src_index)
+    n = require_literal_int(op, "nbytes", nbytes, 4, 16)
+    if n not in (4, 8, 16):
+        fail(op, f"nbytes must be 4, 8 or 16, got {n}")
+    if dst.dtype != src.dtype:
+        fail(op, f"the destination holds {dst.dtype} but the source holds {src.dtype}")
+    item = dst.dtype.bitwidth // 8
+    if n % item:
+        fail(op, f"{n} bytes is not a whole number of {dst.dtype} elements")
+
+    def codegen(context, builder, sig, args):
+        d = _shared_pointer(builder, _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+        s = builder.ptrtoint(_element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3]),
+                             ir.IntType(64))
+        if n == 16:
+            COPY_CG.emit(builder, dst=d, src=s)
+        else:
+            COPY_CA.emit(builder, dst=d, src=s, nbytes=n)
+        return context.get_dummy_value()
+
+    return types.void(dst, dst_index, src, src_index, nbytes), codegen
+
+
+def _plain(ptx):
+    def codegen(context, builder, sig, args):
+        ptx.emit(builder)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@device_op()
+def cp_async_commit_group(typingctx):
+    """``cp.async.commit_group;`` - close this thread's current group of ``cp_async`` copies."""
+    return types.void(), _plain(COMMIT_GROUP)
+
+
+@device_op(prefer_literal=True)
+def cp_async_wait_group(typingctx, n):
+    """``cp.async.wait_group N;`` - wait until at most ``N`` (a constant, 0..7 is typical) of this thread's
+    committed groups are pending. Other threads' copies are covered only after a block barrier."""
+    value = require_literal_int("cp_async_wait_group", "N", n, 0, 63)
+
+    def codegen(context, builder, sig, args):
+        WAIT_GROUP.emit(builder, n=value)
+        return context.get_dummy_value()
+
+    return types.void(n), codegen
+
+
+@device_op()
+def cp_async_wait_all(typingctx):
+    """``cp.async.wait_all;`` - wait for all of this thread's ``cp_async`` copies."""
+    return types.void(), _plain(WAIT_ALL)
+
+
+def _arrive(ptx):
+    def codegen(context, builder, sig, args):
+        ptx.emit(builder, bar=barrier_address(context, builder, sig.args[0], args[0]))
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@device_op()
+def cp_async_mbarrier_arrive(typingctx, bar):
+    """``cp.async.mbarrier.arrive.shared.b64 [bar];`` - when all of this thread's prior ``cp_async`` copies
+    complete, arrive on ``bar``. The pending count is raised by one first, so the thread still makes its
+    own ``mbarrier_arrive``; use ``cp_async_mbarrier_arrive_noinc`` to count the copy completion as the
+    thread's arrival."""
+    require_barrier("cp_async_mbarrier_arrive", bar)
+    return types.void(bar), _arrive(MBARRIER_ARRIVE)
+
+
+@device_op()
+def cp_async_mbarrier_arrive_noinc(typingctx, bar):
+    """``cp.async.mbarrier.arrive.noinc.shared.b64 [bar];`` - the completion of this thread's prior
+    ``cp_async`` copies is one of the arrivals ``bar`` expects (initialise it with the number of copying
+    threads)."""
+    require_barrier("cp_async_mbarrier_arrive_noinc", bar)
+    return types.void(bar), _arrive(MBARRIER_ARRIVE_NOINC)
+
+
+PTX = {
+    "cp_async(16 bytes)": COPY_CG,
+    "cp_async(4/8 bytes)": COPY_CA,
+    "cp_async_commit_group": COMMIT_GROUP,
+    "cp_async_wait_group": WAIT_GROUP,
+    "cp_async_wait_all": WAIT_ALL,
+    "cp_async_mbarrier_arrive": MBARRIER_ARRIVE,
+    "cp_async_mbarrier_arrive_noinc": MBARRIER_ARRIVE_NOINC,
+}

@@ -1,0 +1,289 @@
+"""Pipelines: a ring of shared-memory stages, each guarded by a *full* and an *empty* mbarrier, with the
+stage index and phase parity tracked for you.
+
+::
+
+    pipe = Pipeline(STAGES, 1, CONSUMERS)    # in the kernel body, by every thread of the block
+
+    # producer (one thread for TMA):                # consumer (CONSUMERS threads):
+    s = pipe.producer_acquire()                     s = pipe.consumer_wait()
+    pipe.load(bufs[s], desc, (row, col))            ... read bufs[s] ...
+    pipe.producer_commit()                          pipe.consumer_release()
+
+``Pipeline(stages, producer_arrivals, consumer_arrivals)`` puts ``2*stages`` mbarriers in shared memory;
+thread (0, 0, 0) initialises them (full: ``producer_arrivals`` arrivals, empty: ``consumer_arrivals``),
+then ``fence.mbarrier_init`` and a block barrier. Create it directly in the kernel body (not in a device
+function that returns it): its state (producer stage/phase, consumer stage/phase, release stage) lives in
+the creating function's registers.
+
+Transaction bytes are never written by hand: ``pipe.load`` raises the stage's expected byte count by
+``desc.box_bytes`` (``mbarrier.expect_tx``) right before the TMA load that delivers them, and
+``producer_commit`` then arrives. The arrival is pending until the commit, so the phase cannot complete
+early, and a tile whose size differs from the descriptor's box is a typing error (from ``tma_load``).
+
+Producers:
+
+* TMA (one thread): ``producer_acquire`` -> ``load``... -> ``producer_commit`` (``producer_arrivals=1``).
+* LDGSTS (many threads): every producer thread calls ``producer_acquire``, issues ``cp_async`` copies
+  into the stage and calls ``producer_commit_async`` (``cp.async.mbarrier.arrive.noinc``);
+  ``producer_arrivals`` = number of producer threads.
+
+Consumers call ``consumer_wait`` (returns the stage to read) and, when done with the *oldest* stage they
+hold, ``consumer_release``. Releases go in order and may lag waits (e.g. release a stage only after a
+TMA store from it has read it, ``bulk_wait_group_read``).
+
+Parity convention: a fresh barrier is in phase 0; the producer's first pass over the ring waits on the
+empty barriers' parity 1, which counts as complete, so no stage is "released" by hand at start-up.
+"""
+from __future__ import annotations
+
+import functools
+
+from numba import cuda
+
+from ._asm import Ptx
+from ._define import SIMULATING, device_op, fail, require_int, require_literal_int
+from .async_copy import cp_async_mbarrier_arrive_noinc
+from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
+from .tma import tma_load
+
+# State slots of a pipeline (32-bit each).
+BASE, PSTAGE, PPHASE, CSTAGE, CPHASE, RSTAGE = range(6)
+_NSLOTS = 6
+MAX_STAGES = 64
+
+
+def _init_ptx(stages):
+    """PTX run by every thread at pipeline creation: thread (0,0,0) initialises the 2*stages barriers."""
+    lines = [
+        "{ .reg .pred p; .reg .b32 a, b;",
+        "mov.u32 a, %tid.x; mov.u32 b, %tid.y; or.b32 a, a, b; mov.u32 b, %tid.z; or.b32 a, a, b;",
+        "setp.eq.u32 p, a, 0;",
+    ]
+    for s in range(stages):
+        lines.append(f"@p mbarrier.init.shared::cta.b64 [$base+{8 * s}], $producers;")
+    for s in range(stages):
+        lines.append(f"@p mbarrier.init.shared::cta.b64 [$base+{8 * (stages + s)}], $consumers;")
+    lines.append("@p fence.mbarrier_init.release.cluster; }")
+    return Ptx(" ".join(lines), ins=(("base", "b32"), ("producers", "b32"), ("consumers", "b32")))
+
+
+INIT_EXAMPLE = _init_ptx(2)  # shown by all_ptx(); the real text has one init per barrier
+
+if not SIMULATING:
+    from llvmlite import ir
+    from numba.cuda import cgutils, types
+    from numba.cuda.core.imputils import lower_getattr
+    from numba.cuda.datamodel import models
+    from numba.cuda.extending import overload_method, register_model
+    from numba.cuda.typing.templates import AttributeTemplate, infer_getattr
+
+    from numbatma._types import mbarrier_ref as _mbarrier_ref_type
+
+    I32 = ir.IntType(32)
+    _STATE = ir.ArrayType(I32, _NSLOTS)
+
+    class PipelineType(types.Type):
+        """A pipeline of ``stages`` stages (a compile-time constant)."""
+
+        def __init__(self, stages):
+            self.stages = stages
+            super().__init__(name=f"numbatma.Pipeline(stages={stages})")
+
+    @register_model(PipelineType)
+    class _PipelineModel(models.PrimitiveModel):
+        def __init__(self, dmm, fe_type):
+            super().__init__(dmm, fe_type, _STATE.as_pointer())
+
+    @infer_getattr
+    class _PipelineAttributes(AttributeTemplate):
+        key = PipelineType
+
+        def resolve_stages(self, pipe):
+            return types.intp
+
+    @lower_getattr(PipelineType, "stages")
+    def _lower_stages(context, builder, ty, value):
+        return context.get_constant(types.intp, ty.stages)
+
+    def _slot(builder, state, index):
+        return builder.gep(state, [ir.Constant(I32, 0), ir.Constant(I32, index)])
+
+
+@device_op(prefer_literal=True)
+def Pipeline(typingctx, stages, producer_arrivals, consumer_arrivals):  # noqa: N802 - reads like a class
+    """Create a pipeline of ``stages`` (a constant, 1..64) shared-memory stages; collective: every thread
+    of the block calls it (it ends with a block barrier).
+
+    Emits, for thread (0,0,0): ``mbarrier.init.shared::cta.b64`` of each full barrier with
+    ``producer_arrivals`` and each empty barrier with ``consumer_arrivals``, then
+    ``fence.mbarrier_init.release.cluster``; then ``bar.sync 0`` for all threads. The caller guarantees
+    the arrival counts match how many threads call ``producer_commit*`` / ``consumer_release`` per stage."""
+    op = "Pipeline"
+    n = require_literal_int(op, "the number of stages", stages, 1, MAX_STAGES)
+    require_int(op, "producer_arrivals", producer_arrivals)
+    require_int(op, "consumer_arrivals", consumer_arrivals)
+    init = _init_ptx(n)
+
+    def codegen(context, builder, sig, args):
+        module = builder.module
+        bars = cgutils.add_global_variable(
+            module, ir.ArrayType(ir.IntType(64), 2 * n), module.get_unique_name("numbatma_pipeline_bars"), 3
+        )
+        bars.linkage = "internal"
+        bars.align = 8
+        bars.initializer = ir.Constant(bars.type.pointee, ir.Undefined)
+        base = builder.ptrtoint(bars, I32)
+        state = cgutils.alloca_once(builder, _STATE, name="numbatma_pipeline_state")
+        builder.store(ir.Constant(_STATE, [0] * _NSLOTS), state)
+        builder.store(base, _slot(builder, state, BASE))
+        init.emit(
+            builder,
+            base=base,
+            producers=context.cast(builder, args[1], sig.args[1], types.uint32),
+            consumers=context.cast(builder, args[2], sig.args[2], types.uint32),
+        )
+        sync = cgutils.get_or_insert_function(module, ir.FunctionType(ir.VoidType(), ()), "llvm.nvvm.barrier0")
+        builder.call(sync, ())
+        return state
+
+    return PipelineType(n)(stages, producer_arrivals, consumer_arrivals), codegen
+
+
+# -- state access (private) ----------------------------------------------------------------------------
+@device_op(prefer_literal=True)
+def _get(typingctx, pipe, slot):
+    index = slot.literal_value
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_slot(builder, args[0], index))
+
+    return types.int32(pipe, slot), codegen
+
+
+@device_op(prefer_literal=True)
+def _set(typingctx, pipe, slot, value):
+    index = slot.literal_value
+
+    def codegen(context, builder, sig, args):
+        builder.store(context.cast(builder, args[2], sig.args[2], types.int32), _slot(builder, args[0], index))
+        return context.get_dummy_value()
+
+    return types.void(pipe, slot, value), codegen
+
+
+@device_op()
+def _full(typingctx, pipe, stage):
+    """The full barrier of ``stage``."""
+
+    def codegen(context, builder, sig, args):
+        base = builder.load(_slot(builder, args[0], BASE))
+        s = context.cast(builder, args[1], sig.args[1], types.int32)
+        return builder.add(base, builder.mul(s, ir.Constant(I32, 8)))
+
+    return _mbarrier_ref_type(pipe, stage), codegen
+
+
+@device_op()
+def _empty(typingctx, pipe, stage):
+    """The empty barrier of ``stage``."""
+    n = pipe.stages
+
+    def codegen(context, builder, sig, args):
+        base = builder.load(_slot(builder, args[0], BASE))
+        s = context.cast(builder, args[1], sig.args[1], types.int32)
+        return builder.add(base, builder.mul(builder.add(s, ir.Constant(I32, n)), ir.Constant(I32, 8)))
+
+    return _mbarrier_ref_type(pipe, stage), codegen
+
+
+# -- the methods: plain Python over the primitives above (the same code runs in the simulator) ----------
+def producer_acquire(pipe):
+    """Wait until the producer's next stage is free (its empty barrier completed the previous round);
+    return its index. ``mbarrier.try_wait.parity`` loop on the empty barrier with parity ``phase ^ 1``."""
+    s = _get(pipe, PSTAGE)
+    mbarrier_wait_parity(_empty(pipe, s), _get(pipe, PPHASE) ^ 1)
+    return s
+
+
+def load(pipe, tile, desc, coords):
+    """TMA-load the box of ``desc`` at ``coords`` into ``tile`` (part of the acquired stage); the stage's
+    full barrier expects ``desc.box_bytes`` more bytes. Emits ``mbarrier.expect_tx`` then
+    ``cp.async.bulk.tensor...mbarrier::complete_tx::bytes``. One thread (the one that commits)."""
+    bar = _full(pipe, _get(pipe, PSTAGE))
+    mbarrier_expect_tx(bar, desc.box_bytes)
+    tma_load(tile, desc, coords, bar)
+
+
+@cuda.jit(device=True, inline="always")
+def _advance_producer(pipe):
+    s = _get(pipe, PSTAGE) + 1
+    if s == pipe.stages:
+        s = 0
+        _set(pipe, PPHASE, _get(pipe, PPHASE) ^ 1)
+    _set(pipe, PSTAGE, s)
+
+
+def producer_commit(pipe):
+    """Arrive on the stage's full barrier (``mbarrier.arrive``) and move to the next stage. The phase
+    completes when every producer arrived and all expected TMA bytes landed."""
+    mbarrier_arrive(_full(pipe, _get(pipe, PSTAGE)))
+    _advance_producer(pipe)
+
+
+def producer_commit_async(pipe):
+    """LDGSTS producers: ``cp.async.mbarrier.arrive.noinc`` on the stage's full barrier (this thread's
+    arrival happens when its ``cp_async`` copies land), then move to the next stage."""
+    cp_async_mbarrier_arrive_noinc(_full(pipe, _get(pipe, PSTAGE)))
+    _advance_producer(pipe)
+
+
+def consumer_wait(pipe):
+    """Wait until the consumer's next stage is full; return its index and move on.
+    ``mbarrier.try_wait.parity`` loop on the full barrier (acquire: the stage's data is visible after)."""
+    s = _get(pipe, CSTAGE)
+    mbarrier_wait_parity(_full(pipe, s), _get(pipe, CPHASE))
+    n = s + 1
+    if n == pipe.stages:
+        n = 0
+        _set(pipe, CPHASE, _get(pipe, CPHASE) ^ 1)
+    _set(pipe, CSTAGE, n)
+    return s
+
+
+def consumer_release(pipe):
+    """Give the oldest stage this thread waited for back to the producer (``mbarrier.arrive`` on its empty
+    barrier). Every one of the ``consumer_arrivals`` threads calls it once per stage."""
+    s = _get(pipe, RSTAGE)
+    mbarrier_arrive(_empty(pipe, s))
+    s += 1
+    if s == pipe.stages:
+        s = 0
+    _set(pipe, RSTAGE, s)
+
+
+METHODS = {
+    "producer_acquire": producer_acquire,
+    "load": load,
+    "producer_commit": producer_commit,
+    "producer_commit_async": producer_commit_async,
+    "consumer_wait": consumer_wait,
+    "consumer_release": consumer_release,
+}
+
+
+def _typer_returning(impl):
+    """An overload typer with ``impl``'s signature (numba checks they agree) that always picks ``impl``."""
+
+    @functools.wraps(impl)
+    def typer(*args):
+        return impl
+
+    return typer
+
+
+if not SIMULATING:
+    for _name, _impl in METHODS.items():
+        overload_method(PipelineType, _name, target="cuda", inline="always")(_typer_returning(_impl))
+
+PTX = {"Pipeline (init, 2 stages shown)": INIT_EXAMPLE}

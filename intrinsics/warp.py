@@ -1,0 +1,109 @@
+"""Warp- and block-level control for warp-specialized kernels: electing one lane, named barriers between a
+subset of the block's warps, and moving registers between warpgroups (``setmaxnreg``)."""
+from __future__ import annotations
+
+from ._asm import Ptx
+from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, to_u32
+
+ELECT_ONE = Ptx(
+    "{ .reg .pred p; .reg .b32 lane; elect.sync lane|p, 0xffffffff; selp.u32 $elected, 1, 0, p; }",
+    out=("elected", "b32"),
+)
+NAMED_BARRIER_SYNC = Ptx("bar.sync $id, $threads;", ins=(("id", "b32"), ("threads", "b32")), min_sm=70)
+NAMED_BARRIER_ARRIVE = Ptx("bar.arrive $id, $threads;", ins=(("id", "b32"), ("threads", "b32")), min_sm=70)
+SETMAXNREG_INC = Ptx("setmaxnreg.inc.sync.aligned.u32 $regs;", imm=("regs",))
+SETMAXNREG_DEC = Ptx("setmaxnreg.dec.sync.aligned.u32 $regs;", imm=("regs",))
+
+if not SIMULATING:
+    from llvmlite import ir
+    from numba.cuda import types
+
+
+@device_op()
+def elect_one_sync(typingctx):
+    """True in exactly one lane of the (fully active) warp, False in the others.
+
+    ``elect.sync lane|p, 0xffffffff;`` (sm_90). All 32 lanes must execute it together (``.sync``): call it
+    outside lane-divergent branches, e.g. ``if warp == 0 and elect_one_sync():``."""
+
+    def codegen(context, builder, sig, args):
+        out = ELECT_ONE.emit(builder)
+        return builder.icmp_unsigned("!=", out, ir.Constant(out.type, 0))
+
+    return types.boolean(), codegen
+
+
+def _check_barrier(op, barrier_id, threads):
+    require_int(op, "the barrier id", barrier_id)
+    require_int(op, "the thread count", threads)
+    if isinstance(barrier_id, types.IntegerLiteral):
+        require_literal_int(op, "the barrier id", barrier_id, 0, 15)
+    if isinstance(threads, types.IntegerLiteral) and (threads.literal_value % 32 or threads.literal_value <= 0):
+        fail(op, f"the thread count must be a positive multiple of 32 (whole warps), got {threads.literal_value}")
+
+
+def _lower_barrier(ptx):
+    def codegen(context, builder, sig, args):
+        ptx.emit(
+            builder,
+            id=to_u32(context, builder, sig.args[0], args[0]),
+            threads=to_u32(context, builder, sig.args[1], args[1]),
+        )
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@device_op(prefer_literal=True)
+def named_barrier_sync(typingctx, barrier_id, threads):
+    """Block until ``threads`` threads (a multiple of 32, whole warps) have reached named barrier
+    ``barrier_id`` (0..15). ``bar.sync id, threads;``. Id 0 is what ``cuda.syncthreads()`` uses; give each
+    group of warps (e.g. the consumer warpgroups) its own id."""
+    _check_barrier("named_barrier_sync", barrier_id, threads)
+    return types.void(barrier_id, threads), _lower_barrier(NAMED_BARRIER_SYNC)
+
+
+@device_op(prefer_literal=True)
+def named_barrier_arrive(typingctx, barrier_id, threads):
+    """Arrive at named barrier ``barrier_id`` without waiting (the signalling side of a hand-off between
+    warps). ``bar.arrive id, threads;``."""
+    _check_barrier("named_barrier_arrive", barrier_id, threads)
+    return types.void(barrier_id, threads), _lower_barrier(NAMED_BARRIER_ARRIVE)
+
+
+def _setmaxnreg(op, ptx, regs):
+    value = require_literal_int(op, "the register count", regs, 24, 256)
+    if value % 8:
+        fail(op, f"the register count must be a multiple of 8 in 24..256, got {value}")
+
+    def codegen(context, builder, sig, args):
+        ptx.emit(builder, regs=value)
+        return context.get_dummy_value()
+
+    return types.void(regs), codegen
+
+
+@device_op(prefer_literal=True)
+def setmaxnreg_inc(typingctx, regs):
+    """Raise this warpgroup's per-thread register limit to ``regs`` (a constant, multiple of 8, 24..256).
+    ``setmaxnreg.inc.sync.aligned.u32 regs;`` (sm_90a, sm_100a). All 128 threads of the warpgroup execute
+    it together; the kernel must be compiled with a register cap (``cuda.jit(max_registers=...)``) so that
+    the registers other warpgroups give up (``setmaxnreg_dec``) can be handed out."""
+    return _setmaxnreg("setmaxnreg_inc", SETMAXNREG_INC, regs)
+
+
+@device_op(prefer_literal=True)
+def setmaxnreg_dec(typingctx, regs):
+    """Lower this warpgroup's per-thread register limit to ``regs`` and give the rest back to the CTA's
+    pool. ``setmaxnreg.dec.sync.aligned.u32 regs;`` (sm_90a, sm_100a). Typically the producer warpgroup of
+    a warp-specialized kernel (``setmaxnreg_dec(40)``)."""
+    return _setmaxnreg("setmaxnreg_dec", SETMAXNREG_DEC, regs)
+
+
+PTX = {
+    "elect_one_sync": ELECT_ONE,
+    "named_barrier_sync": NAMED_BARRIER_SYNC,
+    "named_barrier_arrive": NAMED_BARRIER_ARRIVE,
+    "setmaxnreg_inc": SETMAXNREG_INC,
+    "setmaxnreg_dec": SETMAXNREG_DEC,
+}
