@@ -29,6 +29,7 @@ from .mbarrier import (
     mbarrier_wait_parity,
 )
 from .pipeline import Pipeline
+from .smem import shared_view
 from .tma import bulk_commit_group, bulk_wait_group, bulk_wait_group_read, tma_load, tma_store
 from .warp import elect_one_sync, named_barrier_arrive, named_barrier_sync, setmaxnreg_dec, setmaxnreg_inc
 
@@ -45,6 +46,7 @@ __all__ = [
     "named_barrier_sync",
     "setmaxnreg_dec",
     "setmaxnreg_inc",
+    "shared_view",
     "bulk_commit_group",
     "bulk_wait_group",
     "bulk_wait_group_read",

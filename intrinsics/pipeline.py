@@ -215,7 +215,7 @@ def load(pipe, tile, desc, coords):
     tma_load(tile, desc, coords, bar)
 
 
-@cuda.jit(device=True, inline="always")
+@cuda.jit(device=True)
 def _advance_producer(pipe):
     s = _get(pipe, PSTAGE) + 1
     if s == pipe.stages:

@@ -38,13 +38,15 @@ def _is_numba_type(x):
     return isinstance(x, types.Type)
 
 
-def link_cubin(ptx, arch="sm_90a"):
-    """Assemble and link PTX to a cubin for ``arch`` through nvJitLink (offline)."""
+def link_cubin(ptx, arch="sm_90a", max_registers=None):
+    """Assemble and link PTX to a cubin for ``arch`` through nvJitLink (offline). ``max_registers`` is the
+    per-thread register cap (what ``cuda.jit(max_registers=...)`` gives ptxas); ``setmaxnreg`` needs one."""
     from cuda.core import Linker, LinkerOptions, ObjectCode
 
     if isinstance(ptx, str):
         ptx = ptx.encode()
-    linker = Linker(ObjectCode.from_ptx(ptx), options=LinkerOptions(arch=arch))
+    options = LinkerOptions(arch=arch, max_register_count=max_registers)
+    linker = Linker(ObjectCode.from_ptx(ptx), options=options)
     return linker.link("cubin").code
 
 

@@ -1,0 +1,47 @@
+"""Host-side helpers shared by the ready-made kernels: device facts, persistent grids, array checks."""
+from __future__ import annotations
+
+import functools
+
+from numbatma import TensorMapError, array_layout
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_id=None):
+    """Number of SMs of the current device (a persistent grid launches a multiple of it)."""
+    from numba import cuda
+
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def persistent_grid(ntiles, ctas_per_sm=1):
+    """Blocks for a persistent kernel: enough to fill the GPU, never more than there are tiles."""
+    return max(1, min(ntiles, sm_count() * ctas_per_sm))
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def same_layout(op, *arrays):
+    """Check that arrays share shape and dtype; return the layout of the first."""
+    layouts = [array_layout(a) for a in arrays]
+    first = layouts[0]
+    for i, lay in enumerate(layouts[1:], 1):
+        if lay.shape != first.shape or lay.dtype != first.dtype:
+            raise TensorMapError(
+                f"{op}: argument {i} is a {lay.name} but argument 0 is a {first.name}; they must match."
+            )
+    return first
+
+
+def require_rank(op, layout, ranks, what="array"):
+    if len(layout.shape) not in ranks:
+        raise TensorMapError(
+            f"{op}: the {what} is a {layout.name}; this kernel takes rank {' or '.join(map(str, ranks))}."
+        )
+
+
+def require_dtype(op, layout, dtypes, what="array"):
+    if layout.dtype.name not in dtypes:
+        raise TensorMapError(f"{op}: the {what} is a {layout.name}; supported dtypes: {', '.join(dtypes)}.")

@@ -1,0 +1,257 @@
+"""Streaming kernels: a pipelined, persistent TMA copy and a warp-specialized ``out = a*x + y``.
+
+Both view their arrays as 2-D ``(rows, cols)`` (leading dimensions of a C-contiguous array folded into
+rows; 1-D arrays folded into rows of up to 4096 elements when the length allows) and walk tiles of
+``(tile_rows, tile_cols)`` with a persistent grid. Tiles live in a ring of ``stages`` shared-memory stages
+managed by :class:`numbatma.intrinsics.Pipeline`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from numbatma import TensorMap, TensorMapError, array_layout
+from numbatma.intrinsics import (
+    Pipeline,
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    elect_one_sync,
+    fence_proxy_async_shared_cta,
+    named_barrier_sync,
+    shared_view,
+    tma_store,
+)
+
+from ._launch import ceil_div, persistent_grid, same_layout
+
+__all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
+
+MAX_BOX = 256
+
+
+# -- host side: 2-D views and tiles ---------------------------------------------------------------------
+def _as_2d(op, array):
+    """The array itself if 2-D, else a 2-D view of it (rows, cols) when its layout allows one."""
+    layout = array_layout(array)
+    shape = layout.shape
+    if len(shape) == 2:
+        return array, layout
+    item = layout.dtype.itemsize
+    contiguous = all(
+        layout.strides[i] == item * math.prod(shape[i + 1:]) for i in range(len(shape))
+    )
+    if not contiguous:
+        raise TensorMapError(
+            f"{op}: the {layout.name} has strides {layout.strides} bytes; arrays of rank other than 2 must be "
+            f"C-contiguous (a 2-D array may have any row stride that TMA accepts)."
+        )
+    n = math.prod(shape)
+    if len(shape) == 1:
+        cols = next((w for w in (4096, 2048, 1024, 512, 256) if n % w == 0 and n // w >= 1), n)
+        rows = n // cols
+    else:
+        rows, cols = n // shape[-1], shape[-1]
+    view = array.reshape((rows, cols))
+    return view, array_layout(view)
+
+
+def _tile(layout, tile_bytes, max_cols=MAX_BOX):
+    """(tile_rows, tile_cols): a row of at most 256 elements (a multiple of 16 bytes), rows to fill
+    ``tile_bytes``."""
+    rows, cols = layout.shape
+    item = layout.dtype.itemsize
+    per16 = max(1, 16 // item)
+    tc = min(max_cols, ceil_div(cols, per16) * per16)
+    tr = max(1, min(MAX_BOX, tile_bytes // (tc * item), rows))
+    return tr, tc
+
+
+# -- the copy kernel ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _copy_kernel(stages, tile, nb_dtype):
+    tr, tc = tile
+    tile_elems = tr * tc
+    lag = 1 if stages > 1 else 0  # a stage is refilled once the store issued *before* the current one read it
+
+    @cuda.jit(lineinfo=False)
+    def stream_copy_kernel(src, dst, tiles_c, ntiles):
+        ring = cuda.shared.array(0, nb_dtype, alignment=1024)
+        pipe = Pipeline(stages, 1, 1)
+        if cuda.threadIdx.x == 0:
+            first = cuda.blockIdx.x
+            step = cuda.gridDim.x
+            mine = (ntiles - first + step - 1) // step
+            # fill the ring
+            for i in range(min(stages, mine)):
+                t = first + i * step
+                s = pipe.producer_acquire()
+                pipe.load(shared_view(ring, s * tile_elems, (tr, tc)), src,
+                          ((t // tiles_c) * tr, (t % tiles_c) * tc))
+                pipe.producer_commit()
+            for i in range(mine):
+                t = first + i * step
+                c = pipe.consumer_wait()
+                tma_store(dst, ((t // tiles_c) * tr, (t % tiles_c) * tc),
+                          shared_view(ring, c * tile_elems, (tr, tc)))
+                bulk_commit_group()
+                if i >= lag:
+                    bulk_wait_group_read(lag)
+                    pipe.consumer_release()
+                    j = i - lag + stages
+                    if j < mine:
+                        t = first + j * step
+                        s = pipe.producer_acquire()
+                        pipe.load(shared_view(ring, s * tile_elems, (tr, tc)), src,
+                                  ((t // tiles_c) * tr, (t % tiles_c) * tc))
+                        pipe.producer_commit()
+            bulk_wait_group(0)
+
+    return stream_copy_kernel
+
+
+class StreamCopy:
+    """A planned copy ``dst[...] = src`` through shared memory with TMA: persistent CTAs, one issuing
+    thread each, a ring of ``stages`` tiles of about ``tile_bytes`` bytes.
+
+    ``src`` and ``dst``: CUDA arrays (numba, CuPy, torch) of the same shape and dtype; 2-D arrays may be
+    strided views, other ranks must be C-contiguous. Rows must start on 16-byte boundaries (TMA's rule).
+    ``stages=1`` gives the unpipelined version (load, store, wait, repeat) for comparison.
+    """
+
+    def __init__(self, src, dst, *, stages=4, tile_bytes=32768, ctas_per_sm=1, l2_promotion=0):
+        op = "StreamCopy"
+        same_layout(op, src, dst)
+        if not 1 <= stages <= 32:
+            raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
+        src2, ls = _as_2d(op, src)
+        dst2, _ = _as_2d(op, dst)
+        self.tile = _tile(ls, tile_bytes)
+        self.src_map = TensorMap(src2, self.tile, l2_promotion=l2_promotion)
+        self.dst_map = TensorMap(dst2, self.tile)
+        rows, cols = ls.shape
+        self.tiles_c = ceil_div(cols, self.tile[1])
+        self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
+        self.stages = stages
+        self.smem = stages * self.src_map.box_bytes
+        self.grid = persistent_grid(self.ntiles, ctas_per_sm)
+        self.kernel = _copy_kernel(stages, self.tile, self.src_map.numba_type.dtype)
+        self.nbytes = 2 * math.prod(ls.shape) * ls.dtype.itemsize  # read + written
+
+    def launch(self, stream=0):
+        if self.ntiles:
+            self.kernel[self.grid, 32, stream, self.smem](self.src_map, self.dst_map, self.tiles_c, self.ntiles)
+
+
+def stream_copy(src, dst, **options):
+    """``dst[...] = src`` with :class:`StreamCopy`; returns ``dst``."""
+    stream = options.pop("stream", 0)
+    StreamCopy(src, dst, **options).launch(stream)
+    return dst
+
+
+# -- axpy: warp-specialized, TMA in and out -------------------------------------------------------------
+CONSUMER_WARPS = 4
+CONSUMERS = 32 * CONSUMER_WARPS
+
+
+@functools.lru_cache(maxsize=None)
+def _axpy_kernel(stages, tile, nb_dtype):
+    tr, tc = tile
+    tile_elems = tr * tc
+    stage_elems = 2 * tile_elems  # x tile, then y tile
+    lag = 1 if stages > 1 else 0
+
+    @cuda.jit(lineinfo=False)
+    def axpy_kernel(a, x, y, out, tiles_c, ntiles):
+        ring = cuda.shared.array(0, nb_dtype, alignment=1024)
+        # full: the producer's arrival + TMA bytes; empty: the storing consumer thread's arrival
+        pipe = Pipeline(stages, 1, 1)
+        warp = cuda.threadIdx.x // 32
+        first = cuda.blockIdx.x
+        step = cuda.gridDim.x
+        mine = (ntiles - first + step - 1) // step
+        if warp == 0:
+            # producer warp: one elected lane loads x and y tiles into each stage
+            if elect_one_sync():
+                for i in range(mine):
+                    t = first + i * step
+                    r0 = (t // tiles_c) * tr
+                    c0 = (t % tiles_c) * tc
+                    s = pipe.producer_acquire()
+                    base = s * stage_elems
+                    pipe.load(shared_view(ring, base, (tr, tc)), x, (r0, c0))
+                    pipe.load(shared_view(ring, base + tile_elems, (tr, tc)), y, (r0, c0))
+                    pipe.producer_commit()
+        else:
+            me = cuda.threadIdx.x - 32
+            for i in range(mine):
+                t = first + i * step
+                c = pipe.consumer_wait()
+                base = c * stage_elems
+                xs = shared_view(ring, base, tile_elems)
+                ys = shared_view(ring, base + tile_elems, tile_elems)
+                for k in range(me, tile_elems, CONSUMERS):
+                    xs[k] = a * xs[k] + ys[k]
+                fence_proxy_async_shared_cta()
+                named_barrier_sync(1, CONSUMERS)
+                if me == 0:
+                    tma_store(out, ((t // tiles_c) * tr, (t % tiles_c) * tc), shared_view(ring, base, (tr, tc)))
+                    bulk_commit_group()
+                    if i >= lag:
+                        bulk_wait_group_read(lag)
+                        pipe.consumer_release()
+            if me == 0:
+                bulk_wait_group(0)
+
+    return axpy_kernel
+
+
+class Axpy:
+    """A planned ``out = a * x + y`` (float32 or float64 arrays of one shape; ``a`` a Python scalar given
+    at construction, changeable with ``plan.a = ...``).
+
+    One producer warp (an elected lane issues TMA loads of the x and y tiles of a stage) and four
+    consumer warps (compute in shared memory, over the x tile, which one thread TMA-stores to ``out``; the
+    stage is released once the store has read it). Persistent grid, ``stages`` stages.
+    """
+
+    def __init__(self, a, x, y, out, *, stages=4, tile_bytes=16384, ctas_per_sm=1):
+        op = "Axpy"
+        layout = same_layout(op, x, y, out)
+        if layout.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TensorMapError(f"{op}: x is a {layout.name}; Axpy supports float32 and float64.")
+        if not 1 <= stages <= 32:
+            raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
+        x2, lx = _as_2d(op, x)
+        y2, _ = _as_2d(op, y)
+        o2, _ = _as_2d(op, out)
+        self.tile = _tile(lx, tile_bytes)
+        self.x_map = TensorMap(x2, self.tile)
+        self.y_map = TensorMap(y2, self.tile)
+        self.out_map = TensorMap(o2, self.tile)
+        rows, cols = lx.shape
+        self.tiles_c = ceil_div(cols, self.tile[1])
+        self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
+        self.stages = stages
+        self.smem = stages * 2 * self.x_map.box_bytes
+        self.grid = persistent_grid(self.ntiles, ctas_per_sm)
+        self.a = layout.dtype.type(a)
+        self.kernel = _axpy_kernel(stages, self.tile, self.x_map.numba_type.dtype)
+        self.nbytes = 3 * math.prod(lx.shape) * lx.dtype.itemsize  # two reads, one write
+
+    def launch(self, stream=0):
+        if self.ntiles:
+            self.kernel[self.grid, 32 + CONSUMERS, stream, self.smem](
+                self.a, self.x_map, self.y_map, self.out_map, self.tiles_c, self.ntiles
+            )
+
+
+def axpy(a, x, y, out, **options):
+    """``out = a * x + y`` with :class:`Axpy`; returns ``out``."""
+    stream = options.pop("stream", 0)
+    Axpy(a, x, y, out, **options).launch(stream)
+    return out
