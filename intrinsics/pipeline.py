@@ -284,6 +284,6 @@ def _typer_returning(impl):
 
 if not SIMULATING:
     for _name, _impl in METHODS.items():
-        overload_method(PipelineType, _name, target="cuda", inline="always")(_typer_returning(_impl))
+        overload_method(PipelineType, _name, target="cuda")(_typer_returning(_impl))
 
 PTX = {"Pipeline (init, 2 stages shown)": INIT_EXAMPLE}

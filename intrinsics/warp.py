@@ -35,11 +35,11 @@ def elect_one_sync(typingctx):
 
 def _check_barrier(op, barrier_id, threads):
     require_int(op, "the barrier id", barrier_id)
-    require_int(op, "the thread count", threads)
     if isinstance(barrier_id, types.IntegerLiteral):
         require_literal_int(op, "the barrier id", barrier_id, 0, 15)
-    if isinstance(threads, types.IntegerLiteral) and (threads.literal_value % 32 or threads.literal_value <= 0):
-        fail(op, f"the thread count must be a positive multiple of 32 (whole warps), got {threads.literal_value}")
+    n = require_literal_int(op, "the thread count", threads, 32, 1024)
+    if n % 32:
+        fail(op, f"the thread count must be a multiple of 32 (whole warps), got {n}")
 
 
 def _lower_barrier(ptx):
@@ -56,7 +56,7 @@ def _lower_barrier(ptx):
 
 @device_op(prefer_literal=True)
 def named_barrier_sync(typingctx, barrier_id, threads):
-    """Block until ``threads`` threads (a multiple of 32, whole warps) have reached named barrier
+    """Block until ``threads`` threads (a constant multiple of 32: whole warps) have reached named barrier
     ``barrier_id`` (0..15). ``bar.sync id, threads;``. Id 0 is what ``cuda.syncthreads()`` uses; give each
     group of warps (e.g. the consumer warpgroups) its own id."""
     _check_barrier("named_barrier_sync", barrier_id, threads)

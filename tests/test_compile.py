@@ -11,7 +11,20 @@ import numbatma
 from numbatma import TensorMap, compile as nbc
 from numbatma._types import TensorMapArrayType
 from numbatma.intrinsics import (
+    Pipeline,
     all_ptx,
+    cp_async,
+    cp_async_commit_group,
+    cp_async_mbarrier_arrive,
+    cp_async_mbarrier_arrive_noinc,
+    cp_async_wait_all,
+    cp_async_wait_group,
+    elect_one_sync,
+    named_barrier_arrive,
+    named_barrier_sync,
+    setmaxnreg_dec,
+    setmaxnreg_inc,
+    shared_view,
     bulk_commit_group,
     bulk_wait_group,
     bulk_wait_group_read,
@@ -91,10 +104,53 @@ def every_intrinsic(d1, d2, d3, d4, d5, descs, out):
 SIG = tuple(DESC[r].numba_type for r in (1, 2, 3, 4, 5)) + (TensorMapArrayType(DESC[2].numba_type), types.int32[:])
 
 
+def every_pipeline_op(d2, src, out):
+    """The pipeline, LDGSTS, shared-view and warp-level operations in a warp-specialized layout (launched
+    with 384 threads, so ptxas knows the register budget that setmaxnreg moves)."""
+    ring = cuda.shared.array(0, np.float32, alignment=1024)
+    bars = cuda.shared.array(1, np.uint64)
+    pipe = Pipeline(2, 1, 128)
+    lds = Pipeline(2, 32, 128)
+    warpgroup = cuda.threadIdx.x // 128
+    if warpgroup == 0:
+        setmaxnreg_dec(40)
+        if cuda.threadIdx.x < 32:
+            if elect_one_sync():
+                s = pipe.producer_acquire()
+                pipe.load(shared_view(ring, s * 512, (16, 32)), d2, (0, 32))
+                pipe.producer_commit()
+        elif cuda.threadIdx.x < 64:
+            t = cuda.threadIdx.x - 32
+            s = lds.producer_acquire()
+            cp_async(ring, 1024 + s * 512 + 4 * t, src, 4 * t, 16)
+            cp_async(ring, 2048 + 2 * t, src, 2 * t, 8)
+            cp_async(ring, 2304 + t, src, t, 4)
+            cp_async_commit_group()
+            cp_async_wait_group(1)
+            cp_async_wait_all()
+            cp_async_mbarrier_arrive(bars)
+            lds.producer_commit_async()
+        named_barrier_arrive(2, 96)
+    else:
+        setmaxnreg_inc(232)
+        s = pipe.consumer_wait()
+        v = shared_view(ring, s * 512, (16, 32))[cuda.threadIdx.x % 16, 0]
+        pipe.consumer_release()
+        s = lds.consumer_wait()
+        v += ring[1024 + s * 512]
+        lds.consumer_release()
+        named_barrier_sync(1, 256)
+        out[cuda.threadIdx.x] = v
+
+
+PIPE_SIG = (DESC[2].numba_type, types.float32[::1], types.float32[::1])
+
+
 @pytest.fixture(scope="module", params=nbc.ARCHS)
 def compiled(request):
     ptx = nbc.compile_ptx(every_intrinsic, SIG, arch=request.param)
-    return request.param, ptx, nbc.link_cubin(ptx, request.param)
+    pipe_ptx = nbc.compile_ptx(every_pipeline_op, PIPE_SIG, arch=request.param, launch_bounds=(384, 1))
+    return request.param, ptx + pipe_ptx, nbc.link_cubin(ptx, request.param), nbc.link_cubin(pipe_ptx, request.param)
 
 
 def _ptx_regex(text):
@@ -106,19 +162,20 @@ def _ptx_regex(text):
 
 @pytest.mark.parametrize("name", sorted(all_ptx()))
 def test_every_instruction_in_ptx(compiled, name):
-    arch, ptx, cubin = compiled
+    arch, ptx, cubin, _ = compiled
     text = all_ptx()[name].text
     assert re.search(_ptx_regex(text), ptx), f"{name}: {text!r} not found in the {arch} PTX"
 
 
 def test_links_to_cubin(compiled):
-    arch, ptx, cubin = compiled
+    arch, ptx, cubin, pipe_cubin = compiled
     assert f".target {arch}" in ptx
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+    assert pipe_cubin[:4] == b"\x7fELF"
 
 
 def test_sass_has_tma_instructions(compiled):
-    arch, ptx, cubin = compiled
+    arch, ptx, cubin, _ = compiled
     sass = nbc.sass(cubin)
     for rank in (1, 2, 3, 4, 5):
         assert f"UTMALDG.{rank}D" in sass
@@ -127,8 +184,17 @@ def test_sass_has_tma_instructions(compiled):
     assert "SYNCS.PHASECHK.TRANS64" in sass  # try_wait / test_wait
 
 
+def test_sass_has_pipeline_instructions(compiled):
+    arch, ptx, cubin, pipe_cubin = compiled
+    sass = nbc.sass(pipe_cubin)
+    for op in ("UTMALDG.2D", "LDGSTS.E.BYPASS.128", "LDGSTS.E.64", "LDGSTS.E", "ARRIVES.LDGSTSBAR.64",
+               "SYNCS.PHASECHK.TRANS64", "ELECT", "BAR.ARV", "BAR.SYNC"):
+        assert op in sass, f"{op} missing from the {arch} SASS"
+    assert ".local" not in ptx  # pipeline state lives in registers
+
+
 def test_descriptor_parameters_are_by_value(compiled):
-    arch, ptx, cubin = compiled
+    arch, ptx, cubin, _ = compiled
     entry = ptx[ptx.index(".entry"): ptx.index("{", ptx.index(".entry"))]
     assert entry.count(".param .align 128 .b8") == 5  # the five by-value descriptors
     assert "cvta.param.u64" in ptx  # generic address of the parameter itself: no copy
@@ -233,3 +299,71 @@ def test_box_bytes_is_a_compile_time_constant():
 
     ptx = nbc.compile_ptx(k, (D2.numba_type, types.int64[::1]))
     assert "2048" in ptx  # 16 * 32 * 4, folded into the code
+
+
+# -- pipeline / shared_view / warp-level misuse --------------------------------------------------------
+def k_pipeline_runtime_stages(n):
+    Pipeline(n, 1, 1)
+
+
+def k_pipeline_wrong_tile(d):
+    ring = cuda.shared.array(0, np.float32, alignment=1024)
+    pipe = Pipeline(2, 1, 1)
+    s = pipe.producer_acquire()
+    pipe.load(shared_view(ring, s * 256, (8, 32)), d, (0, 0))
+    pipe.producer_commit()
+
+
+def k_shared_view_runtime_shape(n):
+    ring = cuda.shared.array(0, np.float32)
+    shared_view(ring, 0, (n, 4))[0, 0] = 1.0
+
+
+def k_setmaxnreg_odd():
+    setmaxnreg_inc(100)
+
+
+def k_named_barrier_partial_warp():
+    named_barrier_sync(1, 48)
+
+
+def k_cp_async_bad_size(src):
+    ring = cuda.shared.array(64, np.float32)
+    cp_async(ring, 0, src, 0, 12)
+
+
+def k_cp_async_from_shared():
+    ring = cuda.shared.array(64, np.float32)
+    other = cuda.shared.array(64, np.float32)
+    cp_async(ring, 0, other, 0, 16)
+
+
+def test_typing_errors_pipeline_and_friends():
+    _expect_typing_error(k_pipeline_runtime_stages, (types.int32,), "Pipeline", "compile-time constant")
+    _expect_typing_error(k_pipeline_wrong_tile, (D2.numba_type,), "1024 bytes", "2048 bytes")
+    _expect_typing_error(k_shared_view_runtime_shape, (types.int32,), "shared_view", "compile-time constant")
+    _expect_typing_error(k_setmaxnreg_odd, (), "multiple of 8")
+    _expect_typing_error(k_named_barrier_partial_warp, (), "multiple of 32")
+    _expect_typing_error(k_cp_async_bad_size, (types.float32[::1],), "4, 8 or 16")
+    _expect_typing_error(k_cp_async_from_shared, (), "global-memory array")
+
+
+def test_pipeline_tracks_phases_in_registers():
+    """A producer/consumer loop over a 3-stage ring: the stage index wraps, the parities flip, and nothing
+    spills to local memory."""
+
+    def k(d, n):
+        ring = cuda.shared.array(0, np.float32, alignment=1024)
+        pipe = Pipeline(3, 1, 1)
+        if cuda.threadIdx.x == 0:
+            for i in range(n):
+                s = pipe.producer_acquire()
+                pipe.load(shared_view(ring, s * 512, (16, 32)), d, (0, 32 * i))
+                pipe.producer_commit()
+                pipe.consumer_wait()
+                pipe.consumer_release()
+
+    ptx = nbc.compile_ptx(k, (D2.numba_type, types.int32))
+    assert ".local" not in ptx
+    assert ptx.count("mbarrier.init.shared::cta.b64") == 6  # 3 full + 3 empty
+    assert "mbarrier.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx

@@ -29,8 +29,11 @@ def test_hook_points_exist_with_expected_signatures():
     assert dispatcher._Kernel.launch.__module__ == internals.__name__
     assert set(points) == {
         "nvvm.set_cuda_kernel", "_Kernel._prepare_args", "_Kernel.launch", "Cuda_shared_array.generic",
-        "nvvm.compile_ir",
+        "nvvm.compile_ir", "dispatcher.get_current_device",
     }
+    assert dispatcher.get_current_device.__module__ == internals.__name__
+    # compile_device asks get_current_device() (looked up in the dispatcher module) for the target CC
+    assert "get_current_device().compute_capability" in inspect.getsource(dispatcher.CUDADispatcher.compile_device)
     # the upstream functions our wrappers call keep the argument lists we rely on
     src = inspect.getsource(dispatcher._Kernel.__init__)
     assert "kernel_fixup" in src
@@ -70,3 +73,19 @@ def test_grid_constant_annotation_lists_every_descriptor():
         ptx = nbc.compile_ptx(k, (d.numba_type, d.numba_type, types.int32, d.numba_type), arch=arch)
         entry = ptx[ptx.index(".entry"): ptx.index(")", ptx.index(".entry"))]
         assert entry.count(".param .align 128 .b8") == 3, entry
+
+
+def test_device_functions_compile_without_a_driver():
+    """Hook 6: a kernel calling a device function compiles offline (compile_device asks the driver for the
+    current device's compute capability unless numbatma.compile is compiling)."""
+    from numba import cuda
+
+    @cuda.jit(device=True)
+    def twice(x):
+        return 2 * x
+
+    def k(out):
+        out[0] = twice(out[0])
+
+    for arch in nbc.ARCHS:
+        assert "st.global" in nbc.compile_ptx(k, (types.float32[::1],), arch=arch)

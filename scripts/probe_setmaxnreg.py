@@ -1,0 +1,52 @@
+"""Probe (GPU machine): does setmaxnreg survive numba-cuda's link path, and the driver's PTX JIT?
+
+Offline, nvJitLink drops ``setmaxnreg`` ("ignored to maintain compatibility across compilation units")
+while whole-program ptxas keeps it (USETMAXREG). This writes the cubin numba-cuda loads and the driver
+JIT log for the same PTX to $OUT, for reading offline.
+"""
+import ctypes
+import os
+import sys
+
+import numpy as np
+from numba import cuda, types
+
+from numbatma import compile as nbc
+from numbatma.intrinsics import setmaxnreg_dec, setmaxnreg_inc
+
+out_dir = os.environ.get("OUT", ".")
+
+
+def body(out):
+    if cuda.threadIdx.x // 128 == 0:
+        setmaxnreg_dec(40)
+        out[cuda.threadIdx.x] = 1
+    else:
+        setmaxnreg_inc(216)
+        out[cuda.threadIdx.x] = 2
+
+
+kernel = cuda.jit(launch_bounds=(256, 1))(body)
+arr = cuda.to_device(np.zeros(256, np.int32))
+kernel[1, 256](arr)
+cuda.synchronize()
+print("numba launch result ok:", arr.copy_to_host().tolist() == [1] * 128 + [2] * 128)
+(sig, overload), = kernel.overloads.items()
+cubin = overload.library.get_cubin(cc=cuda.get_current_device().compute_capability)
+with open(os.path.join(out_dir, "setmaxnreg_numba.cubin"), "wb") as f:
+    f.write(cubin)
+
+ptx = nbc.compile_ptx(body, (types.int32[::1],), "sm_90a", launch_bounds=(256, 1))
+from cuda.bindings import driver
+
+opts = [driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER, driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        driver.CUjit_option.CU_JIT_LOG_VERBOSE]
+buf = bytearray(1 << 14)
+cbuf = (ctypes.c_char * len(buf)).from_buffer(buf)
+vals = [ctypes.addressof(cbuf), len(buf), 1]
+err, module = driver.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts, vals)
+log = bytes(buf).split(b"\0")[0].decode(errors="replace")
+print("driver JIT:", err, "| log:", log.replace("\n", " | ")[:2000])
+with open(os.path.join(out_dir, "setmaxnreg_driver_jit.log"), "w") as f:
+    f.write(f"{err}\n{log}\n")
+sys.exit(0)
