@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, for the device machine (H100/H200):
-#   bash scripts/gpu_suite.sh            # tests marked gpu + all tests, examples, benchmarks
+#   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
+#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, probes)
+#   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 # Needs the wheels from ../shared/gpu/fetch-wheels in .whl/ (numpy < 2.5 for numba-cuda 0.30.4).
 # Logs go to $OUT (or ./gpu-logs) so they come back from the device machine.
 set -uo pipefail
@@ -16,18 +18,34 @@ cd /tmp  # import the installed copy, not the checkout
 repo=$OLDPWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import numba_cuda, numpy, cuda.core; print('numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$out/gpu.txt"
+parts=" ${PARTS:-tests examples bench probes} "
 status=0
-python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests" ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
-for ex in "$repo"/examples/*.py; do
-  echo "== $ex" | tee -a "$out/examples.log"
-  python3 "$ex" 2>&1 | tee -a "$out/examples.log" || status=1
-done
-for b in "$repo"/benchmarks/*.py; do
-  echo "== $b" | tee -a "$out/benchmarks.log"
-  python3 "$b" 2>&1 | tee -a "$out/benchmarks.log" || status=1
-done
-# Observation, not a pass/fail check: which innermost start coordinates a tile load accepts (docs/guide.md).
-for c in 0,4 0,-4 -5,-8 0,3 0,-3; do
-  timeout 60 python3 "$repo/scripts/debug_oob.py" $c 2>&1 | tail -1 | sed "s/^/probe $c: /" | tee -a "$out/probe.log"
-done
+if [[ $parts == *" tests "* ]]; then
+  paths=""; for t in ${TESTS:-tests}; do paths+=" $repo/$t"; done
+  xdist=""
+  python3 -c "import xdist" 2>/dev/null && xdist="-n 8"
+  python3 -m pytest -q -rs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
+fi
+if [[ $parts == *" examples "* ]]; then
+  for ex in "$repo"/examples/*.py; do
+    echo "== $ex" | tee -a "$out/examples.log"
+    timeout 300 python3 "$ex" 2>&1 | tee -a "$out/examples.log" || status=1
+  done
+fi
+if [[ $parts == *" bench "* ]]; then
+  for b in launch_overhead bandwidth; do
+    echo "== $b" | tee -a "$out/benchmarks.log"
+    args=""; [[ $b == bandwidth ]] && args=${BENCH_ARGS:-}
+    timeout 400 python3 "$repo/benchmarks/$b.py" $args 2>&1 | tee -a "$out/benchmarks.log" || status=1
+  done
+fi
+if [[ $parts == *" probes "* ]]; then
+  # Observations, not pass/fail checks.
+  timeout 120 python3 "$repo/scripts/probe_setmaxnreg.py" 2>&1 | tee -a "$out/probe.log"
+  if [[ -n ${OOB_PROBE:-} ]]; then  # which innermost start coordinates a tile load accepts (docs/guide.md)
+    for c in 0,4 0,-4 -5,-8 0,3 0,-3; do
+      timeout 60 python3 "$repo/scripts/debug_oob.py" $c 2>&1 | tail -1 | sed "s/^/probe $c: /" | tee -a "$out/probe.log"
+    done
+  fi
+fi
 exit $status
