@@ -71,10 +71,16 @@ def _tile(layout, tile_bytes, max_cols=MAX_BOX):
 
 
 # -- the copy kernel ------------------------------------------------------------------------------------
+def _slot_elems(tile, itemsize, align=128):
+    """Elements between consecutive tiles in shared memory: TMA wants each tile 128-byte aligned."""
+    nbytes = tile[0] * tile[1] * itemsize
+    return ceil_div(nbytes, align) * align // itemsize
+
+
 @functools.lru_cache(maxsize=None)
 def _copy_kernel(stages, tile, nb_dtype):
     tr, tc = tile
-    tile_elems = tr * tc
+    tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0  # a stage is refilled once the store issued *before* the current one read it
 
     @cuda.jit(lineinfo=False)
@@ -136,7 +142,7 @@ class StreamCopy:
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
         self.stages = stages
-        self.smem = stages * self.src_map.box_bytes
+        self.smem = stages * _slot_elems(self.tile, ls.dtype.itemsize) * ls.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
         self.kernel = _copy_kernel(stages, self.tile, self.src_map.numba_type.dtype)
         self.nbytes = 2 * math.prod(ls.shape) * ls.dtype.itemsize  # read + written
@@ -161,8 +167,9 @@ CONSUMERS = 32 * CONSUMER_WARPS
 @functools.lru_cache(maxsize=None)
 def _axpy_kernel(stages, tile, nb_dtype):
     tr, tc = tile
-    tile_elems = tr * tc
+    tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     stage_elems = 2 * tile_elems  # x tile, then y tile
+    n = tr * tc
     lag = 1 if stages > 1 else 0
 
     @cuda.jit(lineinfo=False)
@@ -192,9 +199,9 @@ def _axpy_kernel(stages, tile, nb_dtype):
                 t = first + i * step
                 c = pipe.consumer_wait()
                 base = c * stage_elems
-                xs = shared_view(ring, base, tile_elems)
-                ys = shared_view(ring, base + tile_elems, tile_elems)
-                for k in range(me, tile_elems, CONSUMERS):
+                xs = shared_view(ring, base, n)
+                ys = shared_view(ring, base + tile_elems, n)
+                for k in range(me, n, CONSUMERS):
                     xs[k] = a * xs[k] + ys[k]
                 fence_proxy_async_shared_cta()
                 named_barrier_sync(1, CONSUMERS)
@@ -237,7 +244,7 @@ class Axpy:
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
         self.stages = stages
-        self.smem = stages * 2 * self.x_map.box_bytes
+        self.smem = stages * 2 * _slot_elems(self.tile, lx.dtype.itemsize) * lx.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
         self.a = layout.dtype.type(a)
         self.kernel = _axpy_kernel(stages, self.tile, self.x_map.numba_type.dtype)

@@ -13,8 +13,8 @@ The hooks:
    ``const __grid_constant__ CUtensorMap``.
 2. ``numba.cuda.dispatcher._Kernel._prepare_args``: a TensorMap argument is handed to ``cuda.core.launch``
    as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its device address.
-3. ``numba.cuda.dispatcher._Kernel.launch``: a launch asking for more than 48 KiB of dynamic shared memory
-   first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (once per size).
+3. ``numba.cuda.dispatcher._Kernel.launch``: a launch whose dynamic plus static shared memory exceeds 48 KiB
+   first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (once per larger size).
 4. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed as
    :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
 5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
@@ -118,17 +118,21 @@ def _prepare_numbatma_arg(ty, val, kernelargs):
 def _ensure_dynamic_smem(kernel, nbytes):
     """Raise the kernel's dynamic shared memory limit to ``nbytes`` (numba-cuda loads kernels through
     cuLibrary, so the handle is a CUkernel: ``cuKernelSetAttribute``)."""
-    granted = getattr(kernel, "_numbatma_dynamic_smem", _DEFAULT_DYNAMIC_SMEM_LIMIT)
-    if nbytes <= granted:
+    granted = getattr(kernel, "_numbatma_dynamic_smem", None)
+    if granted is not None and nbytes <= granted:
         return
     from cuda.bindings import driver
 
     cufunc = kernel._codelibrary.get_cufunc()
+    static = int(cufunc.attrs.shared)
+    if granted is None:  # without the attribute, static + dynamic may reach 48 KiB
+        kernel._numbatma_dynamic_smem = granted = _DEFAULT_DYNAMIC_SMEM_LIMIT - static
+        if nbytes <= granted:
+            return
     device_id = cufunc.device.id
     err, limit = driver.cuDeviceGetAttribute(
         driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device_id
     )
-    static = int(cufunc.attrs.shared)
     if err == driver.CUresult.CUDA_SUCCESS and nbytes + static > limit:
         raise ValueError(
             f"launch asks for {nbytes} bytes of dynamic shared memory; with the kernel's {static} bytes of "
@@ -233,7 +237,7 @@ def install():
     original_launch = kernel_cls.launch
 
     def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
-        if sharedmem > _DEFAULT_DYNAMIC_SMEM_LIMIT and not config.ENABLE_CUDASIM:
+        if sharedmem and not config.ENABLE_CUDASIM:
             _ensure_dynamic_smem(self, sharedmem)
         return original_launch(self, args, griddim, blockdim, stream, sharedmem)
 

@@ -32,7 +32,7 @@ kernel[1, 256](arr)
 cuda.synchronize()
 print("numba launch result ok:", arr.copy_to_host().tolist() == [1] * 128 + [2] * 128)
 (sig, overload), = kernel.overloads.items()
-cubin = overload.library.get_cubin(cc=cuda.get_current_device().compute_capability)
+cubin = overload.library.get_cubin()  # the cubin numba-cuda loaded (sm_90a on an H100/H200)
 with open(os.path.join(out_dir, "setmaxnreg_numba.cubin"), "wb") as f:
     f.write(cubin)
 
