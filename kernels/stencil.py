@@ -1,0 +1,392 @@
+"""2-D 5-point Laplacian with a zero boundary, streamed through shared memory with TMA.
+
+``dst[i, j] = src[i-1, j] + src[i+1, j] + src[i, j-1] + src[i, j+1] - 4 * src[i, j]``, where neighbours
+outside the array count as 0.
+
+Design (persistent, warp-specialized):
+
+* The output is cut into tiles of ``BR x BC`` elements, numbered row-major; CTA ``b`` of a persistent grid
+  handles tiles ``b, b + grid, b + 2*grid, ...`` (neighbouring tiles run at the same time on neighbouring
+  CTAs, so the halo rows and columns a tile shares with its neighbours are mostly read from L2).
+* One producer warp (one elected lane) TMA-loads the haloed box of each tile, ``(BR + 2) x (BC + 2*H)``
+  elements at ``(r0 - 1, c0 - H)``, into a ring of ``stages`` shared buffers (a :class:`Pipeline`).
+  ``H = 16 / itemsize`` (4 float32, 2 float64): the innermost TMA coordinate must be a multiple of 16 bytes,
+  so the one-column halo travels as 16 bytes on each side. Out-of-bounds elements are filled with zero by
+  TMA, which is exactly the zero boundary.
+* ``consumer_warps`` warps compute from the stage into an output tile in shared memory (a ring of 2). Each
+  consumer thread owns one column (or a few) of a band of rows and walks down it with a sliding window
+  (the rows above and at the centre stay in registers): three shared loads and one shared store per output.
+* After a fence and a named barrier among the consumers, one consumer thread TMA-stores the output tile
+  (stores clip at the array's edge) and gives the stage back to the producer. Before the barrier it waits
+  until the previous store has *read* its output buffer (``bulk_wait_group_read(0)``), so the buffer the
+  consumers fill next is free.
+
+Every buffer lives in dynamic shared memory (above 48 KiB is fine: numbatma raises the kernel's limit).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from numbatma import L2Promotion, TensorMap, TensorMapError, array_layout
+from numbatma.intrinsics import (
+    Pipeline,
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    elect_one_sync,
+    fence_proxy_async_shared_cta,
+    named_barrier_sync,
+    shared_view,
+    tma_store,
+)
+
+from ._launch import ceil_div, persistent_grid
+
+__all__ = ["Laplacian5", "laplacian5"]
+
+DTYPES = ("float32", "float64")
+# Default tile per dtype: about 18 KiB per input stage and 16 KiB per output tile.
+DEFAULT_TILE = {"float32": (32, 128), "float64": (32, 64)}
+DEFAULT_STAGES = 4
+DEFAULT_CONSUMER_WARPS = 4
+DEFAULT_CTAS_PER_SM = 2
+MAX_SHARED_BYTES = 227 * 1024  # Hopper's per-block opt-in maximum (dynamic + static)
+_ALIGN = 128  # every TMA buffer starts on a 128-byte boundary
+_STATIC_SMEM = 2048  # static shared memory of the kernel as ptxas reports it (mbarriers + alignment)
+_NAMED_BARRIER = 1  # id 0 is __syncthreads
+_CHUNK = 8  # rows whose shared-memory loads a consumer thread issues together
+
+
+def _round_up(x, m):
+    return -(-x // m) * m
+
+
+def smem_layout(dtype, tile, stages):
+    """Element offsets and sizes of the dynamic shared buffers: ``(in_stride, in_size, out_base, out_stride,
+    out_size, nbytes)``; strides are rounded to 128 bytes."""
+    itemsize = np.dtype(dtype).itemsize
+    halo = 16 // itemsize
+    br, bc = tile
+    in_size = (br + 2) * (bc + 2 * halo)
+    out_size = br * bc
+    align = _ALIGN // itemsize
+    in_stride = _round_up(in_size, align)
+    out_stride = _round_up(out_size, align)
+    out_base = stages * in_stride
+    nbytes = (out_base + 2 * out_stride) * itemsize
+    return in_stride, in_size, out_base, out_stride, out_size, nbytes
+
+
+def consumer_layout(br, bc, consumer_warps):
+    """How the consumer threads share an output tile: ``LANES`` threads side by side along the columns (each
+    owning columns ``lane, lane + LANES, ...``), ``RG`` bands of ``ROWS`` rows stacked vertically; each thread
+    walks its rows ``CHUNK`` at a time. Returns ``(LANES, RG, ROWS, CHUNK)``."""
+    nt = consumer_warps * 32
+    lanes = min(bc, nt)
+    rg = min(nt // lanes, br)
+    rows = ceil_div(br, rg)
+    return lanes, rg, rows, min(rows, _CHUNK)
+
+
+def _tile_compute(dtype_name, br, bc, consumer_warps):
+    """The consumers' share of one tile as a plain Python function ``compute_tile(dyn, ibase, obase, tid)``:
+    the kernel compiles it as a device function; the CPU tests run it on NumPy arrays.
+
+    ``dyn`` is the flat shared buffer, ``ibase`` the element offset of the haloed input tile
+    ``(br + 2, bc + 2*H)``, ``obase`` that of the output tile ``(br, bc)``, ``tid`` the consumer thread."""
+    from numba.cuda import types as nbtypes
+
+    nb_dtype = getattr(nbtypes, dtype_name)
+    H = 16 // np.dtype(dtype_name).itemsize  # halo columns on each side (16 bytes)
+    IW = bc + 2 * H  # input tile width
+    BR = br
+    BC = bc
+    LANES, RG, ROWS, CHUNK = consumer_layout(br, bc, consumer_warps)
+    U = np.uint64  # unsigned shared-memory indices: no negative-index wraparound code
+    FOUR = nb_dtype(4)
+
+    def compute_tile(dyn, ibase, obase, tid):
+        band = tid // LANES
+        lane = tid - band * LANES
+        if band < RG:
+            r_begin = band * ROWS
+            r_end = min(r_begin + ROWS, BR)
+            c = lane
+            while c < BC:
+                # input element (r + 1, c + H) is the centre of output (r, c)
+                p = ibase + r_begin * IW + c + H
+                up = dyn[U(p)]
+                mid = dyn[U(p + IW)]
+                q = obase + r_begin * BC + c
+                r = r_begin
+                # CHUNK rows at a time: all their loads first (independent, one shared-memory latency),
+                # then the outputs (the compiler cannot move loads above stores into the same buffer).
+                while r + CHUNK <= r_end:
+                    dn = cuda.local.array(CHUNK, nb_dtype)
+                    lf = cuda.local.array(CHUNK, nb_dtype)
+                    rt = cuda.local.array(CHUNK, nb_dtype)
+                    for k in range(CHUNK):
+                        pk = p + (k + 1) * IW
+                        dn[k] = dyn[U(pk + IW)]
+                        lf[k] = dyn[U(pk - 1)]
+                        rt[k] = dyn[U(pk + 1)]
+                    for k in range(CHUNK):
+                        dyn[U(q + k * BC)] = up + dn[k] + lf[k] + rt[k] - FOUR * mid
+                        up = mid
+                        mid = dn[k]
+                    p += CHUNK * IW
+                    q += CHUNK * BC
+                    r += CHUNK
+                while r < r_end:
+                    p += IW
+                    down = dyn[U(p + IW)]
+                    left = dyn[U(p - 1)]
+                    right = dyn[U(p + 1)]
+                    dyn[U(q)] = up + down + left + right - FOUR * mid
+                    up = mid
+                    mid = down
+                    q += BC
+                    r += 1
+                c += LANES
+
+    return compute_tile
+
+
+@functools.lru_cache(maxsize=None)
+def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps):
+    """The kernel for one (dtype, tile, stages, consumer warps); all of them compile-time constants."""
+    from numba.cuda import types as nbtypes
+
+    nb_dtype = getattr(nbtypes, dtype_name)
+    H = 16 // np.dtype(dtype_name).itemsize  # halo columns on each side (16 bytes)
+    IW = bc + 2 * H  # input tile width
+    IH = br + 2  # input tile height
+    IN_STRIDE, _, OUT_BASE, OUT_STRIDE, _, _ = smem_layout(dtype_name, (br, bc), stages)
+    STAGES = stages
+    NT = consumer_warps * 32  # consumer threads
+    PRODUCER_WARP = consumer_warps  # the last warp
+    BR = br
+    BC = bc
+    BAR = _NAMED_BARRIER
+    compute_tile = cuda.jit(device=True, inline="always")(_tile_compute(dtype_name, br, bc, consumer_warps))
+
+    @cuda.jit
+    def laplacian5_kernel(src, dst, ntiles, tile_cols):
+        dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
+        pipe = Pipeline(STAGES, 1, 1)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        if warp == PRODUCER_WARP:
+            if elect_one_sync():
+                t = cuda.blockIdx.x
+                while t < ntiles:
+                    tr = t // tile_cols
+                    r0 = tr * BR
+                    c0 = (t - tr * tile_cols) * BC
+                    s = pipe.producer_acquire()
+                    pipe.load(shared_view(dyn, s * IN_STRIDE, (IH, IW)), src, (r0 - 1, c0 - H))
+                    pipe.producer_commit()
+                    t += cuda.gridDim.x
+        else:
+            t = cuda.blockIdx.x
+            b = 0
+            while t < ntiles:
+                tr = t // tile_cols
+                r0 = tr * BR
+                c0 = (t - tr * tile_cols) * BC
+                s = pipe.consumer_wait()
+                compute_tile(dyn, s * IN_STRIDE, OUT_BASE + b * OUT_STRIDE, tid)
+                fence_proxy_async_shared_cta()
+                if tid == 0:
+                    # The store issued one tile ago read output buffer b ^ 1: wait for it, so that after the
+                    # barrier everybody may fill that buffer for the next tile.
+                    bulk_wait_group_read(0)
+                named_barrier_sync(BAR, NT)
+                if tid == 0:
+                    tma_store(dst, (r0, c0), shared_view(dyn, OUT_BASE + b * OUT_STRIDE, (BR, BC)))
+                    bulk_commit_group()
+                    pipe.consumer_release()  # every consumer has finished reading stage s
+                b ^= 1
+                t += cuda.gridDim.x
+            if tid == 0:
+                bulk_wait_group(0)
+
+    return laplacian5_kernel
+
+
+def _extent(layout):
+    """Byte range [lo, hi) that an array's elements occupy."""
+    lo = layout.ptr
+    hi = layout.ptr + layout.dtype.itemsize
+    for n, st in zip(layout.shape, layout.strides):
+        if n > 1:
+            if st >= 0:
+                hi += (n - 1) * st
+            else:
+                lo += (n - 1) * st
+    return lo, hi
+
+
+def _check_tile(tile, dtype):
+    op = "Laplacian5"
+    try:
+        br, bc = (int(v) for v in tile)
+        ok = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in tile) and len(tile) == 2
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise TensorMapError(f"{op}: tile must be a pair of integers (rows, columns), got {tile!r}.")
+    itemsize = np.dtype(dtype).itemsize
+    halo = 16 // itemsize
+    if not 1 <= br <= 254:
+        raise TensorMapError(
+            f"{op}: tile={tile!r} has {br} rows; the haloed load box has rows + 2 <= 256, so use 1..254 rows."
+        )
+    max_cols = 256 - 2 * halo
+    if not (1 <= bc <= max_cols) or bc % halo:
+        raise TensorMapError(
+            f"{op}: tile={tile!r} has {bc} columns; for {np.dtype(dtype).name} the columns must be a multiple of "
+            f"{halo} (16 bytes) in {halo}..{max_cols} (the haloed load box is columns + {2 * halo} <= 256 wide)."
+        )
+    return br, bc
+
+
+class Laplacian5:
+    """A planned 5-point Laplacian ``dst = laplace(src)`` with a zero boundary (see the module docstring).
+
+    ``Laplacian5(src, dst, *, tile=None, stages=4, consumer_warps=4, ctas_per_sm=2, l2_promotion=256)``
+
+    * ``src``, ``dst``: 2-D float32 or float64 CUDA arrays (numba, CuPy, PyTorch) of the same shape and
+      dtype, not overlapping. The innermost axis must be contiguous and the row stride a multiple of 16 bytes
+      (a column count that is a multiple of 4 for float32, 2 for float64; other widths work as a view of
+      a padded array, e.g. ``padded[:, :67]``).
+    * ``tile``: output tile ``(rows, columns)``; default ``(32, 128)`` for float32, ``(32, 64)`` for float64.
+      Columns are a multiple of 16 bytes; the haloed load box ``(rows + 2, columns + 32 bytes)`` must fit
+      TMA's 256-element limit.
+    * ``stages``: input buffers in flight per CTA (TMA loads ahead of the compute).
+    * ``consumer_warps``: warps that compute and store (plus one producer warp).
+    * ``ctas_per_sm``: CTAs per SM in the persistent grid.
+    * ``l2_promotion``: L2 promotion of the loads (:class:`numbatma.L2Promotion`).
+
+    Validation needs no GPU; the kernel compiles on the first :meth:`launch`.
+    """
+
+    def __init__(
+        self,
+        src,
+        dst,
+        *,
+        tile=None,
+        stages=DEFAULT_STAGES,
+        consumer_warps=DEFAULT_CONSUMER_WARPS,
+        ctas_per_sm=DEFAULT_CTAS_PER_SM,
+        l2_promotion=L2Promotion.B256,
+    ):
+        op = "Laplacian5"
+        ls, ld = array_layout(src), array_layout(dst)
+        for what, lay in (("src", ls), ("dst", ld)):
+            if len(lay.shape) != 2:
+                raise TensorMapError(f"{op}: {what} is a {lay.name}; the 5-point Laplacian takes 2-D arrays.")
+            if lay.dtype.name not in DTYPES:
+                raise TensorMapError(f"{op}: {what} is a {lay.name}; supported dtypes: {', '.join(DTYPES)}.")
+        if ls.shape != ld.shape or ls.dtype != ld.dtype:
+            raise TensorMapError(
+                f"{op}: src is a {ls.name} but dst is a {ld.name}; both must have the same shape and dtype."
+            )
+        dtype = ls.dtype
+        itemsize = dtype.itemsize
+        halo = 16 // itemsize
+        for what, lay in (("src", ls), ("dst", ld)):
+            if lay.strides[1] != itemsize:
+                raise TensorMapError(
+                    f"{op}: the columns of {what} (a {lay.name}) are {lay.strides[1]} bytes apart; they must be "
+                    f"contiguous ({itemsize} bytes). Pass a contiguous array (e.g. a copy)."
+                )
+            if lay.strides[0] <= 0 or lay.strides[0] % 16:
+                padded = _round_up(lay.shape[1], halo)
+                raise TensorMapError(
+                    f"{op}: the rows of {what} (a {lay.name}) are {lay.strides[0]} bytes apart; TMA needs the row "
+                    f"stride to be a positive multiple of 16 bytes, i.e. a column count that is a multiple of "
+                    f"{halo} for {dtype.name}. Allocate rows of {padded} columns and pass a view of the first "
+                    f"{lay.shape[1]} (e.g. padded[:, :{lay.shape[1]}])."
+                )
+            if lay.ptr % 16:
+                raise TensorMapError(
+                    f"{op}: {what} (a {lay.name}) starts at address 0x{lay.ptr:x}, not a multiple of 16 bytes; "
+                    f"TMA needs 16-byte aligned arrays."
+                )
+        self.shape = ls.shape
+        self.dtype = dtype
+        self.empty = 0 in ls.shape
+        if not self.empty:
+            (a0, a1), (b0, b1) = _extent(ls), _extent(ld)
+            if a0 < b1 and b0 < a1:
+                raise TensorMapError(
+                    f"{op}: src and dst overlap in memory; the stencil reads neighbours of every element, so it "
+                    f"cannot run in place. Use a separate output array."
+                )
+        if tile is None:
+            tile = DEFAULT_TILE[dtype.name]
+        self.tile = _check_tile(tile, dtype)
+        for name, v, lo, hi in (("stages", stages, 1, 32), ("consumer_warps", consumer_warps, 1, 31),
+                                ("ctas_per_sm", ctas_per_sm, 1, 32)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not lo <= v <= hi:
+                raise TensorMapError(f"{op}: {name} must be an integer in {lo}..{hi}, got {v!r}.")
+        self.stages = int(stages)
+        self.consumer_warps = int(consumer_warps)
+        self.ctas_per_sm = int(ctas_per_sm)
+        self.smem_bytes = smem_layout(dtype, self.tile, self.stages)[-1]
+        static = _STATIC_SMEM  # the pipeline's mbarriers, placed before the 1024-aligned dynamic buffer
+        if self.smem_bytes + static > MAX_SHARED_BYTES:
+            raise TensorMapError(
+                f"{op}: tile={self.tile} with stages={self.stages} needs {self.smem_bytes + static} bytes of "
+                f"shared memory per CTA; the limit is {MAX_SHARED_BYTES}. Use fewer stages or a smaller tile."
+            )
+        br, bc = self.tile
+        self.tile_rows = ceil_div(self.shape[0], br) if not self.empty else 0
+        self.tile_cols = ceil_div(self.shape[1], bc) if not self.empty else 0
+        self.ntiles = self.tile_rows * self.tile_cols
+        self.block = 32 * (self.consumer_warps + 1)
+        if self.empty:
+            self.src_map = self.dst_map = None
+        else:
+            self.src_map = TensorMap(src, (br + 2, bc + 2 * halo), l2_promotion=l2_promotion)
+            self.dst_map = TensorMap(dst, (br, bc))
+        self.src = src
+        self.dst = dst
+
+    @property
+    def kernel(self):
+        """The ``@cuda.jit`` kernel (compiled for this plan's dtype, tile, stages and consumer warps)."""
+        return _laplacian_kernel(self.dtype.name, *self.tile, self.stages, self.consumer_warps)
+
+    @property
+    def args(self):
+        """The kernel's arguments: ``(src_map, dst_map, ntiles, tile_cols)``."""
+        return (self.src_map, self.dst_map, self.ntiles, self.tile_cols)
+
+    def grid(self):
+        """Persistent grid size (needs the GPU to count SMs)."""
+        return persistent_grid(self.ntiles, self.ctas_per_sm)
+
+    def launch(self, stream=0):
+        """Run the stencil on ``stream``; returns ``dst``."""
+        if self.empty:
+            return self.dst
+        self.kernel[self.grid(), self.block, stream, self.smem_bytes](*self.args)
+        return self.dst
+
+    def __repr__(self):
+        return (
+            f"Laplacian5({self.dtype.name}{self.shape}, tile={self.tile}, stages={self.stages}, "
+            f"consumer_warps={self.consumer_warps}, ctas_per_sm={self.ctas_per_sm}, smem={self.smem_bytes} B)"
+        )
+
+
+def laplacian5(src, dst, *, stream=0, **options):
+    """``dst[i, j] = src[i-1, j] + src[i+1, j] + src[i, j-1] + src[i, j+1] - 4 * src[i, j]`` with zeros outside
+    the array; builds a :class:`Laplacian5` plan (``options`` as there) and launches it. Returns ``dst``."""
+    return Laplacian5(src, dst, **options).launch(stream)
