@@ -33,7 +33,7 @@ if [[ $parts == *" examples "* ]]; then
   done
 fi
 if [[ $parts == *" bench "* ]]; then
-  for b in launch_overhead bandwidth; do
+  for b in launch_overhead peer_cxx bandwidth; do
     echo "== $b" | tee -a "$out/benchmarks.log"
     args=""; [[ $b == bandwidth ]] && args=${BENCH_ARGS:-}
     timeout 400 python3 "$repo/benchmarks/$b.py" $args 2>&1 | tee -a "$out/benchmarks.log" || status=1
