@@ -86,17 +86,20 @@ def _setmaxnreg(op, ptx, regs):
 @device_op(prefer_literal=True)
 def setmaxnreg_inc(typingctx, regs):
     """Raise this warpgroup's per-thread register limit to ``regs`` (a constant, multiple of 8, 24..256).
-    ``setmaxnreg.inc.sync.aligned.u32 regs;`` (sm_90a, sm_100a). All 128 threads of the warpgroup execute
-    it together; the kernel must be compiled with a register cap (``cuda.jit(max_registers=...)``) so that
-    the registers other warpgroups give up (``setmaxnreg_dec``) can be handed out."""
+    ``setmaxnreg.inc.sync.aligned.u32 regs;`` (sm_90a, sm_100a, sm_120a). All 128 threads of the warpgroup
+    execute it together. The kernel needs a register cap, ``cuda.jit(max_registers=R)`` with
+    ``R * threads`` = the sum over warpgroups of their ``regs * 128``: without it ptxas silently drops the
+    instruction (it cannot know the count at entry). numba-cuda's LTO build keeps it
+    (``numbatma.compile.compile_cubin`` shows the ``USETMAXREG`` SASS offline)."""
     return _setmaxnreg("setmaxnreg_inc", SETMAXNREG_INC, regs)
 
 
 @device_op(prefer_literal=True)
 def setmaxnreg_dec(typingctx, regs):
     """Lower this warpgroup's per-thread register limit to ``regs`` and give the rest back to the CTA's
-    pool. ``setmaxnreg.dec.sync.aligned.u32 regs;`` (sm_90a, sm_100a). Typically the producer warpgroup of
-    a warp-specialized kernel (``setmaxnreg_dec(40)``)."""
+    pool. ``setmaxnreg.dec.sync.aligned.u32 regs;`` (sm_90a, sm_100a, sm_120a). Typically the producer
+    warpgroup of a warp-specialized kernel (``setmaxnreg_dec(40)``). Needs ``cuda.jit(max_registers=R)``
+    like ``setmaxnreg_inc``."""
     return _setmaxnreg("setmaxnreg_dec", SETMAXNREG_DEC, regs)
 
 

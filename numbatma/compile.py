@@ -2,6 +2,14 @@
 
 The machine's ``ptxas`` may be older than the PTX NVVM emits, so linking always goes through nvJitLink
 from pip (``cuda.core.Linker``).
+
+Two routes to a cubin:
+
+* ``link_cubin(compile_ptx(...))``: PTX assembled as a separately compiled unit. ptxas then drops
+  ``setmaxnreg`` ("ignored to maintain compatibility across compilation units").
+* ``compile_cubin(...)``: LTO-IR linked with link-time optimisation, which is what numba-cuda does on a
+  GPU machine when nvJitLink is present. ptxas sees the whole program and keeps ``setmaxnreg`` when the
+  kernel has a register cap (``max_registers``).
 """
 from __future__ import annotations
 
@@ -30,6 +38,24 @@ def compile_ptx(pyfunc, argtypes, arch="sm_90a", **kwargs):
     with offline_target(_CC[arch]):
         ptx, _ = cuda.compile_ptx(pyfunc, sig, cc=_CC[arch], **kwargs)
     return ptx
+
+
+def compile_cubin(pyfunc, argtypes, arch="sm_90a", max_registers=None, **kwargs):
+    """Cubin of ``pyfunc`` built like numba-cuda builds it on a GPU: NVVM to LTO-IR, then nvJitLink with
+    link-time optimisation and the register cap ``max_registers`` (``cuda.jit(max_registers=...)``)."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba import cuda
+    from numba.cuda.typing.typeof import typeof
+
+    from numbatma._numba_internals import offline_target
+
+    if arch not in _CC:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    sig = tuple(a if _is_numba_type(a) else typeof(a) for a in argtypes)
+    with offline_target(_CC[arch]):
+        ltoir, _ = cuda.compile(pyfunc, sig, device=False, abi="numba", cc=_CC[arch], output="ltoir", **kwargs)
+    options = LinkerOptions(arch=arch, link_time_optimization=True, max_register_count=max_registers)
+    return Linker(ObjectCode.from_ltoir(ltoir), options=options).link("cubin").code
 
 
 def _is_numba_type(x):

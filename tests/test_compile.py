@@ -367,3 +367,23 @@ def test_pipeline_tracks_phases_in_registers():
     assert ".local" not in ptx
     assert ptx.count("mbarrier.init.shared::cta.b64") == 6  # 3 full + 3 empty
     assert "mbarrier.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx
+
+
+def k_rebalance(out):
+    if cuda.threadIdx.x // 128 == 0:
+        setmaxnreg_dec(40)
+        out[cuda.threadIdx.x] = 1
+    else:
+        setmaxnreg_inc(216)
+        out[cuda.threadIdx.x] = 2
+
+
+@pytest.mark.parametrize("arch", nbc.ARCHS)
+def test_setmaxnreg_survives_numba_cudas_lto_build(arch):
+    """numba-cuda's GPU build (LTO-IR through nvJitLink) with a register cap keeps setmaxnreg; a plain
+    PTX link drops it (ptxas C7504), which is why the docs ask for cuda.jit(max_registers=...)."""
+    sass = nbc.sass(nbc.compile_cubin(k_rebalance, (types.int32[::1],), arch, max_registers=128))
+    assert re.search(r"USETMAXREG\.DEALLOC\S*\s+0x28\b", sass)
+    assert re.search(r"USETMAXREG\.TRY_ALLOC\S*\s+\S+, 0xd8\b", sass)
+    uncapped = nbc.sass(nbc.compile_cubin(k_rebalance, (types.int32[::1],), arch))
+    assert "USETMAXREG" not in uncapped  # ptxas C7508: no register count known at entry
