@@ -126,6 +126,37 @@ def _dtype_from_typestr(typestr, descr=None):
     return dt
 
 
+class _LayoutArray:
+    """A CUDA-array-interface view of an :class:`ArrayLayout` (same pointer, numbatma's strides)."""
+
+    def __init__(self, layout):
+        typestr = layout.dtype.str if layout.dtype.kind != "V" else "<u2"  # bfloat16: the type is given
+        self.__cuda_array_interface__ = {
+            "shape": layout.shape,
+            "strides": layout.strides,
+            "typestr": typestr,
+            "data": (layout.ptr, False),
+            "version": 3,
+        }
+
+
+def _unit_dims_strides(shape, strides, itemsize):
+    """The stride of a dimension of extent 1 is never used; exporters report anything there (numba: the
+    contiguous value, which need not be a multiple of 16 bytes). Give such dimensions the smallest stride
+    TMA accepts, so a (1, 1) view of a padded allocation is as valid as its parent."""
+    out = list(strides)
+    rank = len(shape)
+    for i in reversed(range(rank)):
+        if shape[i] != 1:
+            continue
+        if i == rank - 1:
+            out[i] = itemsize
+        else:
+            span = out[i + 1] * shape[i + 1]
+            out[i] = -(-span // 16) * 16
+    return tuple(out)
+
+
 def array_layout(array) -> ArrayLayout:
     """Read pointer, shape, byte strides and dtype from any CUDA array.
 
@@ -149,7 +180,8 @@ def array_layout(array) -> ArrayLayout:
         if strides is None:
             strides = _c_strides(shape, dtype.itemsize)
         ptr = int(cai["data"][0])
-        return ArrayLayout(ptr, shape, tuple(int(s) for s in strides), dtype)
+        strides = _unit_dims_strides(shape, tuple(int(s) for s in strides), dtype.itemsize)
+        return ArrayLayout(ptr, shape, strides, dtype)
     if hasattr(array, "__dlpack__"):
         from cuda.core.utils import StridedMemoryView
 
@@ -165,7 +197,7 @@ def array_layout(array) -> ArrayLayout:
             strides = _c_strides(shape, dtype.itemsize)
         else:
             strides = tuple(int(s) * dtype.itemsize for s in view.strides)
-        return ArrayLayout(int(view.ptr), shape, strides, dtype)
+        return ArrayLayout(int(view.ptr), shape, _unit_dims_strides(shape, strides, dtype.itemsize), dtype)
     raise TensorMapError(
         f"TensorMap: expected a CUDA array (numba device array, CuPy array, PyTorch tensor: anything with "
         f"__cuda_array_interface__ or __dlpack__), got {type(array).__name__}."
@@ -369,6 +401,8 @@ class TensorMap:
             from cuda.core.utils import StridedMemoryView
 
             view = StridedMemoryView.from_any_interface(self._array, stream_ptr=-1)
+            if any(n == 1 for n in self.shape):  # encode the strides numbatma validated (see array_layout)
+                view = StridedMemoryView.from_any_interface(_LayoutArray(self._layout), stream_ptr=-1)
             self._descriptor = view.as_tensor_map(
                 self.box,
                 element_strides=self.element_strides,

@@ -24,7 +24,7 @@ if [[ $parts == *" tests "* ]]; then
   paths=""; for t in ${TESTS:-tests}; do paths+=" $repo/$t"; done
   xdist=""
   python3 -c "import xdist" 2>/dev/null && xdist="-n 8"
-  python3 -m pytest -q -rs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
+  python3 -m pytest -q -rfEs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
 fi
 if [[ $parts == *" examples "* ]]; then
   for ex in "$repo"/examples/*.py; do
@@ -42,6 +42,7 @@ fi
 if [[ $parts == *" probes "* ]]; then
   # Observations, not pass/fail checks.
   timeout 120 python3 "$repo/scripts/probe_setmaxnreg.py" 2>&1 | tee -a "$out/probe.log"
+  timeout 120 python3 "$repo/scripts/probe_store_clip.py" 2>&1 | tee -a "$out/probe.log"
   if [[ -n ${OOB_PROBE:-} ]]; then  # which innermost start coordinates a tile load accepts (docs/guide.md)
     for c in 0,4 0,-4 -5,-8 0,3 0,-3; do
       timeout 60 python3 "$repo/scripts/debug_oob.py" $c 2>&1 | tail -1 | sed "s/^/probe $c: /" | tee -a "$out/probe.log"

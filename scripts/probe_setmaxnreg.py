@@ -35,7 +35,7 @@ print("numba launch result ok:", arr.copy_to_host().tolist() == [1] * 128 + [2] 
 (sig, overload), = kernel.overloads.items()
 cubin = overload.library.get_cubin()  # the cubin numba-cuda loaded (sm_90a on an H100/H200)
 with open(os.path.join(out_dir, "setmaxnreg_numba.cubin"), "wb") as f:
-    f.write(cubin)
+    f.write(cubin if isinstance(cubin, bytes) else cubin.code)
 
 ptx = nbc.compile_ptx(body, (types.int32[::1],), "sm_90a")
 from cuda.bindings import driver

@@ -483,3 +483,15 @@ def test_repr_names_layout():
 def test_public_exports():
     assert TensorMapError.__mro__[1] is ValueError
     assert set(numbatma.SUPPORTED_DTYPES) >= {"float32", "bfloat16", "int8"}
+
+
+def test_unit_dimension_strides_are_ignored():
+    """numba reports contiguous strides for extent-1 dimensions of a padded view ((1, 1) out of (1, 4)):
+    those strides are never used, so they must not make the view invalid."""
+    from numbatma import TensorMap, array_layout
+
+    view = FakeCudaArray((1, 1), np.float32, strides=(4, 4))
+    assert array_layout(view).strides == (16, 4)
+    assert TensorMap(view, (1, 4)).strides == (16, 4)
+    deep = FakeCudaArray((3, 1, 5), np.float64, strides=(320, 8, 8))
+    assert array_layout(deep).strides == (320, 48, 8)
