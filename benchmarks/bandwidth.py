@@ -652,12 +652,11 @@ def _tune_axpy(run, shape, combos, rows):
 def case_tune(run, shape):
     """Try StreamCopy / Axpy / C++ peer options; print the best of each."""
     combos = []
-    for s in (2, 4, 6, 8):
-        for t in (16 * 1024, 32 * 1024):
+    for s in (2, 3, 4, 6, 8):
+        for t in (16 * 1024, 32 * 1024, 64 * 1024):
             for c in (1, 2):
-                if s * t > MAX_SMEM:  # would not launch: not a result, not a failure
-                    if c == 1:
-                        print(f"  tune: skip stages={s} tile_bytes={t} ({s * t} B of shared memory > {MAX_SMEM})")
+                if c * s * t > MAX_SMEM:  # would not fit c CTAs per SM: not a result, not a failure
+                    print(f"  tune: skip stages={s} tile_bytes={t} ctas_per_sm={c} ({c * s * t} B > {MAX_SMEM})")
                 else:
                     combos.append((s, t, c))
     rows = []
@@ -821,7 +820,7 @@ def parse_args(argv=None):
         description="Bandwidth of numbatma kernels vs torch / CuPy / a CUDA C++ TMA peer (one GPU, one run).")
     ap.add_argument("--quick", action="store_true", help="fewer reps, shorter blocks, smaller sweep")
     ap.add_argument("--tune", action="store_true",
-                    help="also try StreamCopy/Axpy options (stages 2/4/6/8, tile_bytes 16K/32K, ctas_per_sm 1/2)")
+                    help="also try StreamCopy/Axpy options (stages 2-8, tile_bytes 16K/32K/64K, ctas_per_sm 1/2)")
     ap.add_argument("--only", default="",
                     help=f"comma-separated subset of {','.join(SECTIONS)} (and/or 'tune'); default: all")
     ap.add_argument("--reps", type=int, default=0, help="timed blocks per case (default 7, --quick 3)")

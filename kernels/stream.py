@@ -34,29 +34,38 @@ MAX_BOX = 256
 
 
 # -- host side: 2-D views and tiles ---------------------------------------------------------------------
-def _as_2d(op, array):
-    """The array itself if 2-D, else a 2-D view of it (rows, cols) when its layout allows one."""
-    layout = array_layout(array)
-    shape = layout.shape
-    if len(shape) == 2:
-        return array, layout
-    item = layout.dtype.itemsize
-    contiguous = all(
-        layout.strides[i] == item * math.prod(shape[i + 1:]) for i in range(len(shape))
-    )
-    if not contiguous:
+def _contiguous(layout):
+    shape, item = layout.shape, layout.dtype.itemsize
+    return all(layout.strides[i] == item * math.prod(shape[i + 1:]) for i in range(len(shape)) if shape[i] > 1)
+
+
+def _views(op, *arrays):
+    """2-D views ``(rows, cols)`` of same-shape arrays, and the layout of the first.
+
+    When every array is C-contiguous the elements are one flat run, viewed as rows of 256 elements
+    (when the count allows): a tile is then one contiguous block of memory, which DRAM serves best.
+    Otherwise 2-D arrays are used as they are (any row stride TMA accepts) and other ranks must be
+    C-contiguous (leading dimensions folded into rows)."""
+    layouts = [array_layout(a) for a in arrays]
+    shape = layouts[0].shape
+    n = math.prod(shape)
+    if all(_contiguous(lay) for lay in layouts):
+        cols = next((w for w in (MAX_BOX, 128, 64) if n % w == 0), None)
+        if cols is None:
+            cols = shape[-1] if len(shape) > 1 else n
+        view_shape = (n // cols, cols) if n else (0, max(1, cols))
+    elif len(shape) == 2:
+        return list(arrays), layouts[0]
+    else:
+        bad = next(lay for lay in layouts if not _contiguous(lay))
         raise TensorMapError(
-            f"{op}: the {layout.name} has strides {layout.strides} bytes; arrays of rank other than 2 must be "
+            f"{op}: the {bad.name} has strides {bad.strides} bytes; arrays of rank other than 2 must be "
             f"C-contiguous (a 2-D array may have any row stride that TMA accepts)."
         )
-    n = math.prod(shape)
-    if len(shape) == 1:
-        cols = next((w for w in (4096, 2048, 1024, 512, 256) if n % w == 0 and n // w >= 1), n)
-        rows = n // cols
-    else:
-        rows, cols = n // shape[-1], shape[-1]
-    view = array.reshape((rows, cols))
-    return view, array_layout(view)
+    if view_shape == tuple(shape):
+        return list(arrays), layouts[0]
+    views = [a.reshape(view_shape) for a in arrays]
+    return views, array_layout(views[0])
 
 
 def _tile(layout, tile_bytes, max_cols=MAX_BOX):
@@ -133,8 +142,10 @@ class StreamCopy:
         same_layout(op, src, dst)
         if not 1 <= stages <= 32:
             raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
-        src2, ls = _as_2d(op, src)
-        dst2, _ = _as_2d(op, dst)
+        self.ntiles = 0
+        if math.prod(array_layout(src).shape) == 0:
+            return
+        (src2, dst2), ls = _views(op, src, dst)
         self.tile = _tile(ls, tile_bytes)
         self.src_map = TensorMap(src2, self.tile, l2_promotion=l2_promotion)
         self.dst_map = TensorMap(dst2, self.tile)
@@ -233,9 +244,10 @@ class Axpy:
             raise TensorMapError(f"{op}: x is a {layout.name}; Axpy supports float32 and float64.")
         if not 1 <= stages <= 32:
             raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
-        x2, lx = _as_2d(op, x)
-        y2, _ = _as_2d(op, y)
-        o2, _ = _as_2d(op, out)
+        self.ntiles = 0
+        if math.prod(layout.shape) == 0:
+            return
+        (x2, y2, o2), lx = _views(op, x, y, out)
         self.tile = _tile(lx, tile_bytes)
         self.x_map = TensorMap(x2, self.tile)
         self.y_map = TensorMap(y2, self.tile)

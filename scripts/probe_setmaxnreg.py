@@ -1,18 +1,16 @@
 """Probe (GPU machine): does setmaxnreg survive numba-cuda's own build (LTO through nvJitLink, with
-``max_registers``), and the driver's PTX JIT?
+``max_registers``)?
 
 Offline, a PTX-only nvJitLink link drops ``setmaxnreg`` ("ignored to maintain compatibility across
 compilation units") while an LTO link with a register cap keeps it (USETMAXREG). This writes the cubin
 numba-cuda loaded to $OUT (disassemble it offline) and the driver JIT log for the same PTX.
 """
-import ctypes
 import os
 import sys
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda
 
-from numbatma import compile as nbc
 from numbatma.intrinsics import setmaxnreg_dec, setmaxnreg_inc
 
 out_dir = os.environ.get("OUT", ".")
@@ -37,20 +35,4 @@ cubin = overload.library.get_cubin()  # the cubin numba-cuda loaded (sm_90a on a
 with open(os.path.join(out_dir, "setmaxnreg_numba.cubin"), "wb") as f:
     f.write(cubin if isinstance(cubin, bytes) else cubin.code)
 
-ptx = nbc.compile_ptx(body, (types.int32[::1],), "sm_90a")
-from cuda.bindings import driver
-
-opts = [driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER, driver.CUjit_option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-        driver.CUjit_option.CU_JIT_LOG_VERBOSE]
-buf = bytearray(1 << 14)
-cbuf = (ctypes.c_char * len(buf)).from_buffer(buf)
-vals = [ctypes.addressof(cbuf), len(buf), 1]
-try:
-    err, module = driver.cuModuleLoadDataEx(ptx.encode() + b"\0", len(opts), opts, vals)
-except Exception as exc:  # noqa: BLE001 - an observation, not a test
-    err, module = repr(exc), None
-log = bytes(buf).split(b"\0")[0].decode(errors="replace")
-print("driver JIT:", err, "| log:", log.replace("\n", " | ")[:2000])
-with open(os.path.join(out_dir, "setmaxnreg_driver_jit.log"), "w") as f:
-    f.write(f"{err}\n{log}\n")
 sys.exit(0)

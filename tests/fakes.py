@@ -12,3 +12,8 @@ class FakeCudaArray:
             "typestr": np.dtype(dtype).str,
             "version": 3,
         }
+
+    def reshape(self, shape):
+        """A C-contiguous reshape (what the kernels ask of contiguous arrays)."""
+        cai = self.__cuda_array_interface__
+        return FakeCudaArray(shape, np.dtype(cai["typestr"]), ptr=cai["data"][0])
