@@ -66,7 +66,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid
+from ._launch import ceil_div, persistent_grid, require_store_target
 
 __all__ = ["RowSum", "Softmax", "row_sum", "softmax"]
 
@@ -916,6 +916,7 @@ class Softmax:
         box = (c.box_rows, c.box_cols)
         self.x_map = TensorMap(xr.view, box, l2_promotion=l2_promotion)
         self.out_map = TensorMap(orr.view, box)
+        require_store_target("Softmax", self.out_map, "out")
         nb_dtype = self.x_map.numba_type.dtype
         if use_rows:
             self.kernel = _softmax_rows_kernel(

@@ -43,7 +43,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid
+from ._launch import ceil_div, persistent_grid, require_store_target
 
 __all__ = ["Laplacian5", "laplacian5"]
 
@@ -355,6 +355,7 @@ class Laplacian5:
         else:
             self.src_map = TensorMap(src, (br + 2, bc + 2 * halo), l2_promotion=l2_promotion)
             self.dst_map = TensorMap(dst, (br, bc))
+            require_store_target("Laplacian5", self.dst_map, "dst")
         self.src = src
         self.dst = dst
 

@@ -26,7 +26,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid, same_layout
+from ._launch import ceil_div, persistent_grid, require_store_target, same_layout
 
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
 
@@ -149,6 +149,7 @@ class StreamCopy:
         self.tile = _tile(ls, tile_bytes)
         self.src_map = TensorMap(src2, self.tile, l2_promotion=l2_promotion)
         self.dst_map = TensorMap(dst2, self.tile)
+        require_store_target(op, self.dst_map, "dst")
         rows, cols = ls.shape
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
@@ -252,6 +253,7 @@ class Axpy:
         self.x_map = TensorMap(x2, self.tile)
         self.y_map = TensorMap(y2, self.tile)
         self.out_map = TensorMap(o2, self.tile)
+        require_store_target(op, self.out_map, "out")
         rows, cols = lx.shape
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c

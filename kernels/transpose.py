@@ -46,7 +46,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid
+from ._launch import ceil_div, persistent_grid, require_store_target
 
 __all__ = ["Transpose", "transpose", "default_tile", "UNIT_SHAPES"]
 
@@ -396,6 +396,7 @@ class Transpose:
         self.src_map = TensorMap(src, (tm, w), swizzle=Swizzle.B128, oob_fill=OOBFill.ZERO,
                                  l2_promotion=l2_promotion)
         self.dst_map = TensorMap(dst, (tn, w), swizzle=Swizzle.B128)
+        require_store_target("Transpose", self.dst_map, "dst")
         self.kernel = _transpose_kernel(itemsize, self.src_map.numba_type.dtype, self.tile, stages,
                                         consumer_warps, out_stages, order)
 

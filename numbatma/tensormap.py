@@ -320,6 +320,15 @@ class TensorMap:
         return self._array
 
     @property
+    def store_overhang(self):
+        """Bytes a TMA tile *store* may write past the last element of each innermost row: the hardware
+        completes the row to the next 16-byte boundary (observed on an H200; ``scripts/probe_store_clip.py``).
+        0 when the innermost extent is a whole number of 16-byte units. Within a padded view those bytes are
+        the row's padding; for a single row or a 1-D array they lie past the end of the array."""
+        row = self.shape[-1] * self.dtype.itemsize
+        return -row % 16
+
+    @property
     def numba_type(self):
         """The kernel-side Numba type (use it in explicit signatures, e.g. for ``cuda.compile_ptx``)."""
         if self._numba_type is None:
