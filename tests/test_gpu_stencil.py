@@ -85,18 +85,19 @@ def test_plan_relaunch_sees_new_data_and_streams():
 
 
 def test_padded_views_with_odd_width():
-    # 67 columns in rows of 68 (272 bytes): the stencil sees a (37, 67) array; the pad column stays untouched
+    # 67 columns in rows of 72: the stencil sees a (37, 67) array. A TMA store may complete each row to the
+    # 16-byte unit (column 67, TensorMap.store_overhang); columns 68..71 must stay untouched.
     a = rng.standard_normal((37, 67)).astype(np.float32)
-    src_pad = np.full((37, 68), 1e30, np.float32)  # neighbours past column 66 must read as 0, not as 1e30
+    src_pad = np.full((37, 72), 1e30, np.float32)  # neighbours past column 66 must read as 0, not as 1e30
     src_pad[:, :67] = a
-    dst_pad = np.full((37, 68), np.nan, np.float32)
-    dst_pad[:, 67] = 7.0
+    dst_pad = np.full((37, 72), np.nan, np.float32)
+    dst_pad[:, 68:] = 7.0
     d_src, d_dst = cuda.to_device(src_pad), cuda.to_device(dst_pad)
     laplacian5(d_src[:, :67], d_dst[:, :67])
     cuda.synchronize()
     got = d_dst.copy_to_host()
     check(got[:, :67], a)
-    assert (got[:, 67] == 7.0).all(), "the store wrote past the view's last column"
+    assert (got[:, 68:] == 7.0).all(), "the store wrote past the 16-byte unit holding the view's last column"
 
 
 def test_strided_rows_view_of_a_bigger_array():
@@ -110,7 +111,7 @@ def test_strided_rows_view_of_a_bigger_array():
 
 @pytest.mark.parametrize("shape", [(37, 67), (8, 6), (1, 5)])
 def test_width_not_a_multiple_of_16_bytes_is_a_clear_error(shape):
-    with pytest.raises(TensorMapError, match="row stride"):
+    with pytest.raises(TensorMapError, match="row stride|16-byte units"):
         laplacian5(cuda.device_array(shape, np.float32), cuda.device_array(shape, np.float32))
 
 

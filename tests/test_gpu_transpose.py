@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 rng = np.random.default_rng()
 
 DTYPES = ["float32", "int16", "float16", "float64"]
-SHAPES = [(1, 1), (33, 65), (1000, 1003), (4096, 4096), (64, 64), (129, 300), (5, 1000)]
+SHAPES = [(1, 4), (33, 65), (1000, 1003), (4096, 4096), (64, 64), (129, 300), (5, 1000)]
 
 
 def random_array(shape, dtype):
