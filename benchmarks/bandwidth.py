@@ -588,18 +588,20 @@ def _tune_copy(run, shape, combos, rows):
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * 4
     eq = lambda: (torch.equal(dst, src), "")  # noqa: E731
-    print("tune: StreamCopy / C++ peer (stages, tile_bytes, ctas_per_sm)")
-    for s, t, c in combos:
+    print("tune: StreamCopy / C++ peer (stages, tile_bytes, ctas_per_sm, l2_promotion)")
+    for s, t, c, l2 in combos:
         opts = dict(stages=s, tile_bytes=t, ctas_per_sm=c)
+        if l2:
+            opts["l2_promotion"] = l2
         plan = run.build(f"tune StreamCopy {opts}", "StreamCopy", src, dst, **opts)
         if plan is not None:
             run.fill(dst)
             chk = run.check(f"tune StreamCopy {opts}", plan, eq)
             if chk is not None:
-                v = run.record("tune", f"StreamCopy s={s} t={t // 1024}K c={c}", "ours",
+                v = run.record("tune", f"StreamCopy s={s} t={t // 1024}K c={c} l2={l2}", "ours",
                                lambda p=plan: p.launch(stream=0), nbytes, shape, check=chk, options=opts)
                 rows.append(dict(kernel="StreamCopy", options=opts, tbps=v))
-        if run.peer_cxx is not None:
+        if run.peer_cxx is not None and not l2:
             try:
                 cxx = run.peer_cxx.CxxStreamCopy(src, dst, stages=s, ctas_per_sm=c, tile_bytes=t)
             except Exception as e:  # noqa: BLE001
@@ -623,8 +625,10 @@ def _tune_axpy(run, shape, combos, rows):
     cmp = lambda: _chunked_close(torch, out, ref, 1e-5, 1e-6)  # noqa: E731
     print("tune: Axpy")
     tried = set()
-    for s, t, c in combos:
+    for s, t, c, l2 in combos:
         opts = dict(stages=s, tile_bytes=t, ctas_per_sm=c)
+        if l2:
+            opts["l2_promotion"] = l2
         cls = run.kernels.get("Axpy")
         if cls is None:
             break
@@ -651,18 +655,17 @@ def _tune_axpy(run, shape, combos, rows):
 
 def case_tune(run, shape):
     """Try StreamCopy / Axpy / C++ peer options; print the best of each."""
-    combos = []
-    for s in (2, 3, 4, 6, 8):
-        for t in (16 * 1024, 32 * 1024, 64 * 1024):
-            for c in (1, 2):
-                if c * s * t > MAX_SMEM:  # would not fit c CTAs per SM: not a result, not a failure
-                    print(f"  tune: skip stages={s} tile_bytes={t} ctas_per_sm={c} ({c * s * t} B > {MAX_SMEM})")
-                else:
-                    combos.append((s, t, c))
+    k = 1024
+    # (stages, tile_bytes, ctas_per_sm, l2_promotion): configurations that fit 227 KiB per SM
+    copy_combos = [(4, 32 * k, 1, 0), (4, 32 * k, 1, 256), (2, 64 * k, 1, 0), (2, 64 * k, 1, 256),
+                   (3, 64 * k, 1, 0), (4, 16 * k, 1, 0), (4, 16 * k, 1, 256), (3, 32 * k, 2, 0),
+                   (3, 32 * k, 2, 256), (6, 16 * k, 2, 0), (6, 32 * k, 1, 256)]
+    axpy_combos = [(3, 32 * k, 1, 0), (3, 16 * k, 2, 0), (3, 16 * k, 2, 256), (4, 16 * k, 1, 0),
+                   (4, 16 * k, 1, 256), (2, 16 * k, 2, 0), (3, 32 * k, 1, 256), (6, 8 * k, 2, 0)]
     rows = []
-    _tune_copy(run, shape, combos, rows)
+    _tune_copy(run, shape, copy_combos, rows)
     run.free()
-    _tune_axpy(run, shape, combos, rows)
+    _tune_axpy(run, shape, axpy_combos, rows)
     run.free()
     best = {}
     for r in rows:
@@ -820,7 +823,7 @@ def parse_args(argv=None):
         description="Bandwidth of numbatma kernels vs torch / CuPy / a CUDA C++ TMA peer (one GPU, one run).")
     ap.add_argument("--quick", action="store_true", help="fewer reps, shorter blocks, smaller sweep")
     ap.add_argument("--tune", action="store_true",
-                    help="also try StreamCopy/Axpy options (stages 2-8, tile_bytes 16K/32K/64K, ctas_per_sm 1/2)")
+                    help="also try StreamCopy/Axpy options (stages, tile_bytes, ctas_per_sm, l2_promotion)")
     ap.add_argument("--only", default="",
                     help=f"comma-separated subset of {','.join(SECTIONS)} (and/or 'tune'); default: all")
     ap.add_argument("--reps", type=int, default=0, help="timed blocks per case (default 7, --quick 3)")

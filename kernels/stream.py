@@ -42,29 +42,26 @@ def _contiguous(layout):
 def _views(op, *arrays):
     """2-D views ``(rows, cols)`` of same-shape arrays, and the layout of the first.
 
-    When every array is C-contiguous the elements are one flat run, viewed as rows of 256 elements
-    (when the count allows): a tile is then one contiguous block of memory, which DRAM serves best.
-    Otherwise 2-D arrays are used as they are (any row stride TMA accepts) and other ranks must be
-    C-contiguous (leading dimensions folded into rows)."""
+    2-D arrays are used as they are (any row stride TMA accepts). Other ranks must be C-contiguous: leading
+    dimensions fold into rows; a 1-D array becomes rows of up to 4096 elements when its length allows.
+    (Viewing contiguous 2-D data as 1 KiB rows, so that each tile is one contiguous block, measured ~3%
+    slower on an H200 than tiles spanning 32 rows of a 64 KiB-row matrix; see benchmarks/RESULTS.md.)"""
     layouts = [array_layout(a) for a in arrays]
     shape = layouts[0].shape
-    n = math.prod(shape)
-    if all(_contiguous(lay) for lay in layouts):
-        cols = next((w for w in (MAX_BOX, 128, 64) if n % w == 0), None)
-        if cols is None:
-            cols = shape[-1] if len(shape) > 1 else n
-        view_shape = (n // cols, cols) if n else (0, max(1, cols))
-    elif len(shape) == 2:
+    if len(shape) == 2:
         return list(arrays), layouts[0]
-    else:
-        bad = next(lay for lay in layouts if not _contiguous(lay))
+    bad = next((lay for lay in layouts if not _contiguous(lay)), None)
+    if bad is not None:
         raise TensorMapError(
             f"{op}: the {bad.name} has strides {bad.strides} bytes; arrays of rank other than 2 must be "
             f"C-contiguous (a 2-D array may have any row stride that TMA accepts)."
         )
-    if view_shape == tuple(shape):
-        return list(arrays), layouts[0]
-    views = [a.reshape(view_shape) for a in arrays]
+    n = math.prod(shape)
+    if len(shape) == 1:
+        cols = next((w for w in (4096, 2048, 1024, 512, 256) if n % w == 0), n)
+    else:
+        cols = shape[-1]
+    views = [a.reshape((n // cols, cols)) for a in arrays]
     return views, array_layout(views[0])
 
 
@@ -238,7 +235,7 @@ class Axpy:
     stage is released once the store has read it). Persistent grid, ``stages`` stages.
     """
 
-    def __init__(self, a, x, y, out, *, stages=4, tile_bytes=16384, ctas_per_sm=1):
+    def __init__(self, a, x, y, out, *, stages=4, tile_bytes=16384, ctas_per_sm=1, l2_promotion=0):
         op = "Axpy"
         layout = same_layout(op, x, y, out)
         if layout.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -250,8 +247,8 @@ class Axpy:
             return
         (x2, y2, o2), lx = _views(op, x, y, out)
         self.tile = _tile(lx, tile_bytes)
-        self.x_map = TensorMap(x2, self.tile)
-        self.y_map = TensorMap(y2, self.tile)
+        self.x_map = TensorMap(x2, self.tile, l2_promotion=l2_promotion)
+        self.y_map = TensorMap(y2, self.tile, l2_promotion=l2_promotion)
         self.out_map = TensorMap(o2, self.tile)
         require_store_target(op, self.out_map, "out")
         rows, cols = lx.shape

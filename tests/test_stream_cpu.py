@@ -20,10 +20,11 @@ def arr(shape, dtype=np.float32, strides=None, ptr=1 << 20):
     return FakeCudaArray(shape, dtype, strides=strides, ptr=ptr)
 
 
-def test_contiguous_arrays_are_streamed_as_1kib_rows():
-    plan = StreamCopy(arr((4096, 4100)), arr((4096, 4100), ptr=1 << 30))
-    assert plan.src_map.shape == (4096 * 4100 // 256, 256)  # one flat run in rows of 256 elements
-    assert plan.tile == (32, 256) and plan.smem == 4 * 32768
+def test_other_ranks_fold_into_rows():
+    plan = StreamCopy(arr((8, 512, 100)), arr((8, 512, 100), ptr=1 << 30))
+    assert plan.src_map.shape == (4096, 100)
+    flat = StreamCopy(arr((1 << 20,)), arr((1 << 20,), ptr=1 << 30))
+    assert flat.src_map.shape == (256, 4096) and flat.tile == (32, 256) and flat.smem == 4 * 32768
 
 
 def test_strided_views_keep_their_shape():
