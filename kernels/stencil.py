@@ -49,7 +49,7 @@ __all__ = ["Laplacian5", "laplacian5"]
 
 DTYPES = ("float32", "float64")
 # Default tile per dtype: about 18 KiB per input stage and 16 KiB per output tile.
-DEFAULT_TILE = {"float32": (32, 128), "float64": (32, 64)}
+DEFAULT_TILE = {"float32": (16, 248), "float64": (16, 124)}  # (16, 248) fp32: best of the H200 sweep
 DEFAULT_STAGES = 4
 DEFAULT_CONSUMER_WARPS = 4
 DEFAULT_CTAS_PER_SM = 2
@@ -263,7 +263,8 @@ class Laplacian5:
       dtype, not overlapping. The innermost axis must be contiguous and the row stride a multiple of 16 bytes
       (a column count that is a multiple of 4 for float32, 2 for float64; other widths work as a view of
       a padded array, e.g. ``padded[:, :67]``).
-    * ``tile``: output tile ``(rows, columns)``; default ``(32, 128)`` for float32, ``(32, 64)`` for float64.
+    * ``tile``: output tile ``(rows, columns)``; default ``(16, 248)`` for float32, ``(16, 124)`` for float64
+      (wide, short tiles measured fastest on an H200: ``benchmarks/RESULTS.md``).
       Columns are a multiple of 16 bytes; the haloed load box ``(rows + 2, columns + 32 bytes)`` must fit
       TMA's 256-element limit.
     * ``stages``: input buffers in flight per CTA (TMA loads ahead of the compute).
