@@ -12,6 +12,7 @@ from .async_copy import (
     cp_async_wait_all,
     cp_async_wait_group,
 )
+from .cache import l2_policy_evict_first, l2_policy_evict_last, l2_policy_evict_normal
 from .fence import fence_mbarrier_init, fence_proxy_async_shared_cta, tensormap_acquire
 from .mbarrier import (
     mbarrier_arrive,
@@ -30,7 +31,15 @@ from .mbarrier import (
 )
 from .pipeline import Pipeline
 from .smem import shared_view
-from .tma import bulk_commit_group, bulk_wait_group, bulk_wait_group_read, tma_load, tma_store
+from .tma import (
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    tma_load,
+    tma_load_hinted,
+    tma_store,
+    tma_store_hinted,
+)
 from .warp import elect_one_sync, named_barrier_arrive, named_barrier_sync, setmaxnreg_dec, setmaxnreg_inc
 
 __all__ = [
@@ -51,6 +60,9 @@ __all__ = [
     "bulk_wait_group",
     "bulk_wait_group_read",
     "fence_mbarrier_init",
+    "l2_policy_evict_first",
+    "l2_policy_evict_last",
+    "l2_policy_evict_normal",
     "fence_proxy_async_shared_cta",
     "mbarrier_arrive",
     "mbarrier_arrive_expect_tx",
@@ -67,12 +79,14 @@ __all__ = [
     "mbarrier_wait_parity",
     "tensormap_acquire",
     "tma_load",
+    "tma_load_hinted",
     "tma_store",
+    "tma_store_hinted",
 ]
 
 
 def all_ptx():
     """Every PTX instruction description, by intrinsic name."""
-    from . import async_copy, fence, mbarrier, pipeline, tma, warp
+    from . import async_copy, cache, fence, mbarrier, pipeline, tma, warp
 
-    return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX}
+    return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX, **cache.PTX}

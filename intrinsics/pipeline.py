@@ -45,7 +45,7 @@ from ._asm import Ptx
 from ._define import SIMULATING, device_op, fail, require_int, require_literal_int
 from .async_copy import cp_async_mbarrier_arrive_noinc
 from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
-from .tma import tma_load
+from .tma import tma_load, tma_load_hinted
 
 # State slots of a pipeline (32-bit each).
 BASE, PSTAGE, PPHASE, CSTAGE, CPHASE, RSTAGE = range(6)
@@ -215,6 +215,14 @@ def load(pipe, tile, desc, coords):
     tma_load(tile, desc, coords, bar)
 
 
+def load_hinted(pipe, tile, desc, coords, policy):
+    """``load`` with an L2 cache policy (``l2_policy_evict_first()`` ...): ``mbarrier.expect_tx`` then
+    ``cp.async.bulk.tensor...complete_tx::bytes.L2::cache_hint``."""
+    bar = _full(pipe, _get(pipe, PSTAGE))
+    mbarrier_expect_tx(bar, desc.box_bytes)
+    tma_load_hinted(tile, desc, coords, bar, policy)
+
+
 @cuda.jit(device=True)
 def _advance_producer(pipe):
     s = _get(pipe, PSTAGE) + 1
@@ -265,6 +273,7 @@ def consumer_release(pipe):
 METHODS = {
     "producer_acquire": producer_acquire,
     "load": load,
+    "load_hinted": load_hinted,
     "producer_commit": producer_commit,
     "producer_commit_async": producer_commit_async,
     "consumer_wait": consumer_wait,

@@ -15,6 +15,7 @@ from ._define import (
     descriptor_address,
     device_op,
     require_barrier,
+    require_int,
     require_literal_int,
     require_tensormap,
     require_tile_matches,
@@ -46,6 +47,23 @@ STORE_TILE = {
     r: Ptx(
         f"cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group [$tmap, {{{_coord_list(r)}}}], [$src];",
         ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"),),
+    )
+    for r in RANKS
+}
+# The same copies with an L2 cache policy (a 64-bit handle from createpolicy, see cache.py).
+LOAD_TILE_HINT = {
+    r: Ptx(
+        f"cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
+        f"[$dst], [$tmap, {{{_coord_list(r)}}}], [$bar], $policy;",
+        ins=(("dst", "b32"), ("tmap", "b64")) + _coord_ins(r) + (("bar", "b32"), ("policy", "b64")),
+    )
+    for r in RANKS
+}
+STORE_TILE_HINT = {
+    r: Ptx(
+        f"cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group.L2::cache_hint "
+        f"[$tmap, {{{_coord_list(r)}}}], [$src], $policy;",
+        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"), ("policy", "b64")),
     )
     for r in RANKS
 }
@@ -132,6 +150,59 @@ def tma_store(typingctx, desc, coords, src):
 
 
 @device_op()
+def tma_load_hinted(typingctx, dst, desc, coords, bar, policy):
+    """``tma_load`` with an L2 cache policy (``policy`` from ``l2_policy_evict_first()`` etc.):
+    ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint
+    [dst], [desc, {...}], [bar], policy;``. Same caller guarantees as ``tma_load``."""
+    op = "tma_load_hinted"
+    require_tensormap(op, desc)
+    require_tile_matches(op, dst, desc)
+    coords_types(op, desc, coords)
+    require_barrier(op, bar)
+    require_int(op, "the cache policy", policy)
+    rank = desc.rank
+
+    def codegen(context, builder, sig, args):
+        ops = _coord_operands(context, builder, sig.args[2], args[2], rank)
+        LOAD_TILE_HINT[rank].emit(
+            builder,
+            dst=shared_address(context, builder, sig.args[0], args[0]),
+            tmap=descriptor_address(builder, args[1]),
+            bar=barrier_address(context, builder, sig.args[3], args[3]),
+            policy=context.cast(builder, args[4], sig.args[4], types.uint64),
+            **ops,
+        )
+        return context.get_dummy_value()
+
+    return types.void(dst, desc, coords, bar, policy), codegen
+
+
+@device_op()
+def tma_store_hinted(typingctx, desc, coords, src, policy):
+    """``tma_store`` with an L2 cache policy: ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group
+    .L2::cache_hint [desc, {...}], [src], policy;``. Same caller guarantees as ``tma_store``."""
+    op = "tma_store_hinted"
+    require_tensormap(op, desc)
+    coords_types(op, desc, coords)
+    require_tile_matches(op, src, desc)
+    require_int(op, "the cache policy", policy)
+    rank = desc.rank
+
+    def codegen(context, builder, sig, args):
+        ops = _coord_operands(context, builder, sig.args[1], args[1], rank)
+        STORE_TILE_HINT[rank].emit(
+            builder,
+            tmap=descriptor_address(builder, args[0]),
+            src=shared_address(context, builder, sig.args[2], args[2]),
+            policy=context.cast(builder, args[3], sig.args[3], types.uint64),
+            **ops,
+        )
+        return context.get_dummy_value()
+
+    return types.void(desc, coords, src, policy), codegen
+
+
+@device_op()
 def bulk_commit_group(typingctx):
     """``cp.async.bulk.commit_group;`` - close the current bulk group (the TMA stores issued by this
     thread since the last commit)."""
@@ -172,6 +243,8 @@ def bulk_wait_group_read(typingctx, n):
 PTX = {
     **{f"tma_load(rank={r})": p for r, p in LOAD_TILE.items()},
     **{f"tma_store(rank={r})": p for r, p in STORE_TILE.items()},
+    **{f"tma_load_hinted(rank={r})": p for r, p in LOAD_TILE_HINT.items()},
+    **{f"tma_store_hinted(rank={r})": p for r, p in STORE_TILE_HINT.items()},
     "bulk_commit_group": COMMIT_GROUP,
     "bulk_wait_group": WAIT_GROUP,
     "bulk_wait_group_read": WAIT_GROUP_READ,

@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint16, uint64
+from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
 from numbatma import TensorMap, TensorMapError, array_layout
 from numbatma.intrinsics import (
@@ -74,6 +74,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = np.float32(-np.inf)
 MAX_BOX = 256
+LONG_ROW = 2048  # Softmax rows mode: rows of at least this many elements (box-rounded) default to 16 warps
 SMEM_PER_BLOCK = 227 * 1024  # opt-in maximum per CTA on H100/H200/B200 (static + dynamic)
 SMEM_PER_SM = 228 * 1024  # per SM; the system reserves 1 KiB of it per resident CTA
 SMEM_RESERVED_PER_CTA = 1024
@@ -652,12 +653,85 @@ def _row_loops(to_f32, from_f32, tpr, box_c, slot, cache_exp):
     return _dev(row_max), _dev(row_expsum), _dev(row_normalise)
 
 
+REG_ELEMS = 64  # most elements of a row a thread keeps in registers (rows mode's register path)
+
+
+def _reg_layout(tpr, box_c, slot, kc):
+    """The elements thread ``sub`` of a row group owns, for the register path: ``(grouped, elems)`` with
+    ``elems`` a list of ``(offset, column, inbox)``: shared-memory offset from the thread's base index,
+    row column less ``sub``, and (None when every ``sub`` stays inside the box) the column within its box
+    less ``sub``. ``grouped``:
+    ``tpr`` spans ``tpr // box_c`` whole boxes (the base index then includes ``sub``'s box). None when a
+    thread would own more than :data:`REG_ELEMS` elements."""
+    g = tpr // box_c
+    if tpr > box_c and tpr % box_c == 0 and kc % g == 0:
+        elems = [(t * g * slot, t * g * box_c, None) for t in range(kc // g)]
+        grouped = True
+    else:
+        per_box = ceil_div(box_c, tpr)
+        elems = [(b * slot + t * tpr, b * box_c + t * tpr, t * tpr if (t + 1) * tpr > box_c else None)
+                 for b in range(kc) for t in range(per_box)]
+        grouped = False
+    if len(elems) > REG_ELEMS:
+        return None
+    return grouped, elems
+
+
+def _tree(op, names):
+    """Source of a balanced ``op`` tree over ``names`` (independent operations for ILP)."""
+    while len(names) > 1:
+        names = [op.format(a, b) for a, b in zip(names[::2], names[1::2])] + (names[-1:] if len(names) % 2 else [])
+    return names[0]
+
+
+def _row_softmax_regs(to_f32, from_f32, group_sum, group_max, elems, exact):
+    """A device function ``(buf, p, lim, lbox, scratch, warp, lane, grp)`` computing the softmax of one row
+    with the thread's elements held in registers: one load per element, max, one ``exp`` per element and
+    its sum, group reductions, one store per element. ``p``: the thread's base index; an element is valid
+    when its ``column < lim`` (``n - sub``; skipped when ``exact``, n filling every box) and, for elements
+    that may leave their box, ``inbox < lbox`` (``box_c - sub``). Invalid elements count as -inf and partial ones
+    outside their box are neither read nor written (they would belong to the next row or box). The code
+    is generated unrolled (constant offsets: ``LDS [R+imm]``)."""
+    lines = ["def row_softmax(buf, p, lim, lbox, scratch, warp, lane, grp):"]
+    names = []
+    for k, (off, col, inbox) in enumerate(elems):
+        conds = [] if inbox is None else [f"{inbox} < lbox"]
+        if not exact:
+            conds.append(f"{col} < lim")
+        load = f"to_f32(_ld(buf, p + {off}))"
+        lines.append(f"    v{k} = {load} if {' and '.join(conds)} else NEG_INF" if conds else f"    v{k} = {load}")
+        names.append(f"v{k}")
+    lines.append(f"    m = group_max({_tree('max({}, {})', names)}, scratch, warp, lane, grp)")
+    for k in range(len(elems)):
+        lines.append(f"    v{k} = math.exp(v{k} - m)")
+    lines.append(f"    inv = float32(1) / group_sum({_tree('({} + {})', names)}, scratch, warp, lane, grp)")
+    for k, (off, col, inbox) in enumerate(elems):
+        st = f"_st(buf, p + {off}, from_f32(v{k} * inv))"
+        if inbox is not None:
+            lines.append(f"    if {inbox} < lbox:")
+            lines.append(f"        {st}")
+        else:
+            lines.append(f"    {st}")
+    scope = dict(to_f32=to_f32, from_f32=from_f32, group_sum=group_sum, group_max=group_max, _ld=_ld, _st=_st,
+                 NEG_INF=NEG_INF, math=math, float32=float32)
+    exec("\n".join(lines), scope)  # noqa: S102 - source generated above from integers only
+    return _dev(scope["row_softmax"])
+
+
 @functools.lru_cache(maxsize=None)
-def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, kc, slot, lag, fastmath):
+def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, kc, slot, lag, fastmath,
+                         exact=False, registers=True):
     to_f32, from_f32 = _converters(dtype_name)
     group_sum, group_max = _group_reducers(tpr, warps)
     cache = dtype_name == "float32"
     row_max, row_expsum, row_normalise = _row_loops(to_f32, from_f32, tpr, box_c, slot, cache)
+    layout = _reg_layout(tpr, box_c, slot, kc) if registers else None
+    use_regs = layout is not None
+    grouped = use_regs and layout[0]
+    if use_regs:
+        row_softmax = _row_softmax_regs(to_f32, from_f32, group_sum, group_max, layout[1], exact)
+    else:
+        row_softmax = None
     rf = 32 * warps // tpr
     br = kr * box_r
     stage_elems = kr * kc * slot
@@ -707,15 +781,27 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
         else:
             grp = tid // tpr
             sub = tid % tpr
+            if grouped:  # the thread's first element: box sub // box_c, column sub % box_c (box_c: a power of 2)
+                poff = uint32(sub // box_c * slot + sub % box_c)
+            else:
+                poff = uint32(sub)
+            lim = int32(n - sub)
+            lbox = int32(box_c - sub)
             for i in range(mine):
                 s = pipe.consumer_wait()
-                base = s * stage_elems
+                base = uint32(s * stage_elems)
                 for r in range(grp, br, rf):
-                    rb = r // box_r
-                    p = base + rb * kc * slot + (r - rb * box_r) * box_c + sub
-                    m = group_max(row_max(dyn, p, sub, kc, n), scratch, warp, lane, grp)
-                    total = group_sum(row_expsum(dyn, p, sub, kc, n, m), scratch, warp, lane, grp)
-                    row_normalise(dyn, p, sub, kc, n, m, float32(1) / total)
+                    if use_regs:
+                        rr = uint32(r)
+                        rb = rr // uint32(box_r)
+                        p = base + rb * uint32(kc * slot) + (rr - rb * uint32(box_r)) * uint32(box_c) + poff
+                        row_softmax(dyn, p, lim, lbox, scratch, warp, lane, grp)
+                    else:
+                        rb = r // box_r
+                        p = base + rb * kc * slot + (r - rb * box_r) * box_c + sub
+                        m = group_max(row_max(dyn, p, sub, kc, n), scratch, warp, lane, grp)
+                        total = group_sum(row_expsum(dyn, p, sub, kc, n, m), scratch, warp, lane, grp)
+                        row_normalise(dyn, p, sub, kc, n, m, float32(1) / total)
                 fence_proxy_async_shared_cta()
                 cuda.syncwarp()
                 if lane == 0:
@@ -829,10 +915,13 @@ class Softmax:
     ``ctas_per_sm`` (1), ``l2_promotion`` (0), ``fastmath`` (False).
     """
 
-    def __init__(self, x, out, *, stages=4, warps=8, stage_bytes=32768, threads_per_row=None,
+    def __init__(self, x, out, *, stages=4, warps=None, stage_bytes=32768, threads_per_row=None,
                  rows_per_stage=None, chunk_boxes=None, mode="auto", store_lag=0, ctas_per_sm=1,
-                 l2_promotion=0, fastmath=False):
+                 l2_promotion=0, fastmath=False, registers=True):
         op = "Softmax"
+        auto_warps = warps is None
+        if auto_warps:
+            warps = 8
         _check_common(op, stages, warps, stage_bytes)
         if mode not in ("auto", "rows", "chunked"):
             raise TensorMapError(f"{op}: mode must be 'auto', 'rows' or 'chunked', got {mode!r}")
@@ -854,9 +943,11 @@ class Softmax:
             self.nbytes = 0
             return
         item = xr.dtype.itemsize
-        consumers = 32 * warps
         box_c, kc = _box_cols(xr.n, item)
         wp = kc * box_c
+        if auto_warps and wp >= LONG_ROW and mode != "chunked":
+            warps = 16  # long rows: all consumer warps on the rows of a stage (falls back below if chunked)
+        consumers = 32 * warps
         if threads_per_row is None:
             if kc == 1 and box_c <= 32:
                 tpr = _next_pow2(box_c)
@@ -888,6 +979,10 @@ class Softmax:
             use_rows = False
         else:
             use_rows = rows_plan["stages"] >= min(2, stages)
+        if not use_rows and auto_warps and warps != 8:  # chunked mode keeps its 8 warps
+            warps, consumers = 8, 256
+            if threads_per_row is None:
+                tpr = min(tpr, consumers)
         if use_rows:
             plan = rows_plan
             lag = min(store_lag, plan["stages"] - 1)
@@ -921,7 +1016,8 @@ class Softmax:
         if use_rows:
             self.kernel = _softmax_rows_kernel(
                 xr.dtype.name, nb_dtype, warps, c.stages, c.threads_per_row, c.box_rows, c.box_cols,
-                c.row_boxes, c.col_boxes, c.slot, lag, bool(fastmath),
+                c.row_boxes, c.col_boxes, c.slot, lag, bool(fastmath), xr.n == c.col_boxes * c.box_cols,
+                bool(registers),
             )
             self.nbytes = 2 * xr.rows * xr.n * item
         else:

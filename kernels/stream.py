@@ -21,9 +21,11 @@ from numbatma.intrinsics import (
     bulk_wait_group_read,
     elect_one_sync,
     fence_proxy_async_shared_cta,
+    l2_policy_evict_first,
     named_barrier_sync,
     shared_view,
     tma_store,
+    tma_store_hinted,
 )
 
 from ._launch import ceil_div, persistent_grid, require_store_target, same_layout
@@ -84,42 +86,49 @@ def _slot_elems(tile, itemsize, align=128):
 
 
 @functools.lru_cache(maxsize=None)
-def _copy_kernel(stages, tile, nb_dtype):
+def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
     tr, tc = tile
     tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0  # a stage is refilled once the store issued *before* the current one read it
+
+    @cuda.jit(device=True, inline="always")
+    def load(pipe, ring, src, t, tiles_c, policy):
+        s = pipe.producer_acquire()
+        tile = shared_view(ring, s * tile_elems, (tr, tc))
+        coords = ((t // tiles_c) * tr, (t % tiles_c) * tc)
+        if evict_first:
+            pipe.load_hinted(tile, src, coords, policy)
+        else:
+            pipe.load(tile, src, coords)
+        pipe.producer_commit()
 
     @cuda.jit(lineinfo=False)
     def stream_copy_kernel(src, dst, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
         if cuda.threadIdx.x == 0:
+            policy = l2_policy_evict_first()
             first = cuda.blockIdx.x
             step = cuda.gridDim.x
             mine = (ntiles - first + step - 1) // step
-            # fill the ring
-            for i in range(min(stages, mine)):
-                t = first + i * step
-                s = pipe.producer_acquire()
-                pipe.load(shared_view(ring, s * tile_elems, (tr, tc)), src,
-                          ((t // tiles_c) * tr, (t % tiles_c) * tc))
-                pipe.producer_commit()
+            for i in range(min(stages, mine)):  # fill the ring
+                load(pipe, ring, src, first + i * step, tiles_c, policy)
             for i in range(mine):
                 t = first + i * step
                 c = pipe.consumer_wait()
-                tma_store(dst, ((t // tiles_c) * tr, (t % tiles_c) * tc),
-                          shared_view(ring, c * tile_elems, (tr, tc)))
+                tile = shared_view(ring, c * tile_elems, (tr, tc))
+                coords = ((t // tiles_c) * tr, (t % tiles_c) * tc)
+                if evict_first:
+                    tma_store_hinted(dst, coords, tile, policy)
+                else:
+                    tma_store(dst, coords, tile)
                 bulk_commit_group()
                 if i >= lag:
                     bulk_wait_group_read(lag)
                     pipe.consumer_release()
                     j = i - lag + stages
                     if j < mine:
-                        t = first + j * step
-                        s = pipe.producer_acquire()
-                        pipe.load(shared_view(ring, s * tile_elems, (tr, tc)), src,
-                                  ((t // tiles_c) * tr, (t % tiles_c) * tc))
-                        pipe.producer_commit()
+                        load(pipe, ring, src, first + j * step, tiles_c, policy)
             bulk_wait_group(0)
 
     return stream_copy_kernel
@@ -132,9 +141,11 @@ class StreamCopy:
     ``src`` and ``dst``: CUDA arrays (numba, CuPy, torch) of the same shape and dtype; 2-D arrays may be
     strided views, other ranks must be C-contiguous. Rows must start on 16-byte boundaries (TMA's rule).
     ``stages=1`` gives the unpipelined version (load, store, wait, repeat) for comparison.
+    ``evict_first=True`` marks the loads and stores with an L2 evict-first policy (``.L2::cache_hint``).
     """
 
-    def __init__(self, src, dst, *, stages=4, tile_bytes=32768, ctas_per_sm=1, l2_promotion=0):
+    def __init__(self, src, dst, *, stages=4, tile_bytes=32768, ctas_per_sm=1, l2_promotion=0,
+                 evict_first=False):
         op = "StreamCopy"
         same_layout(op, src, dst)
         if not 1 <= stages <= 32:
@@ -153,7 +164,7 @@ class StreamCopy:
         self.stages = stages
         self.smem = stages * _slot_elems(self.tile, ls.dtype.itemsize) * ls.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
-        self.kernel = _copy_kernel(stages, self.tile, self.src_map.numba_type.dtype)
+        self.kernel = _copy_kernel(stages, self.tile, self.src_map.numba_type.dtype, bool(evict_first))
         self.nbytes = 2 * math.prod(ls.shape) * ls.dtype.itemsize  # read + written
 
     def launch(self, stream=0):

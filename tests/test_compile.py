@@ -30,6 +30,9 @@ from numbatma.intrinsics import (
     bulk_wait_group_read,
     fence_mbarrier_init,
     fence_proxy_async_shared_cta,
+    l2_policy_evict_first,
+    l2_policy_evict_last,
+    l2_policy_evict_normal,
     mbarrier_arrive,
     mbarrier_arrive_expect_tx,
     mbarrier_arrive_n,
@@ -45,7 +48,9 @@ from numbatma.intrinsics import (
     mbarrier_wait_parity,
     tensormap_acquire,
     tma_load,
+    tma_load_hinted,
     tma_store,
+    tma_store_hinted,
 )
 
 from fakes import FakeCudaArray
@@ -76,6 +81,13 @@ def every_intrinsic(d1, d2, d3, d4, d5, descs, out):
         tma_load(t3, d3, (0, 1, 2), bars)
         tma_load(t4, d4, (0, 1, 2, 3), bars)
         tma_load(t5, d5, (0, 1, 2, 3, 4), bars)
+        pol = l2_policy_evict_first()
+        mbarrier_expect_tx(bars, d1.box_bytes + d2.box_bytes + d3.box_bytes + d4.box_bytes + d5.box_bytes)
+        tma_load_hinted(t1, d1, 0, bars, pol)
+        tma_load_hinted(t2, d2, (0, 1), bars, l2_policy_evict_last())
+        tma_load_hinted(t3, d3, (0, 1, 2), bars, l2_policy_evict_normal())
+        tma_load_hinted(t4, d4, (0, 1, 2, 3), bars, pol)
+        tma_load_hinted(t5, d5, (0, 1, 2, 3, 4), bars, pol)
         mbarrier_expect_tx(bar, 16)
         mbarrier_complete_tx(bar, 16)
         mbarrier_arrive_n(bar, 2)
@@ -95,6 +107,12 @@ def every_intrinsic(d1, d2, d3, d4, d5, descs, out):
         tma_store(d3, (0, 1, 2), t3)
         tma_store(d4, (0, 1, 2, 3), t4)
         tma_store(d5, (0, 1, 2, 3, 4), t5)
+        pol = l2_policy_evict_first()
+        tma_store_hinted(d1, (0,), t1, pol)
+        tma_store_hinted(d2, (0, 1), t2, pol)
+        tma_store_hinted(d3, (0, 1, 2), t3, pol)
+        tma_store_hinted(d4, (0, 1, 2, 3), t4, pol)
+        tma_store_hinted(d5, (0, 1, 2, 3, 4), t5, pol)
         bulk_commit_group()
         bulk_wait_group_read(1)
         bulk_wait_group(0)
