@@ -144,7 +144,7 @@ class StreamCopy:
     ``evict_first=True`` marks the loads and stores with an L2 evict-first policy (``.L2::cache_hint``).
     """
 
-    def __init__(self, src, dst, *, stages=4, tile_bytes=32768, ctas_per_sm=1, l2_promotion=0,
+    def __init__(self, src, dst, *, stages=4, tile_bytes=16384, ctas_per_sm=1, l2_promotion=0,
                  evict_first=False):
         op = "StreamCopy"
         same_layout(op, src, dst)
@@ -246,7 +246,7 @@ class Axpy:
     stage is released once the store has read it). Persistent grid, ``stages`` stages.
     """
 
-    def __init__(self, a, x, y, out, *, stages=4, tile_bytes=16384, ctas_per_sm=1, l2_promotion=0):
+    def __init__(self, a, x, y, out, *, stages=3, tile_bytes=32768, ctas_per_sm=1, l2_promotion=256):
         op = "Axpy"
         layout = same_layout(op, x, y, out)
         if layout.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):

@@ -306,8 +306,10 @@ class Transpose:
 
     Options (to tune): ``tile=(tile_m, tile_n)`` source elements per tile (multiples of
     :data:`UNIT_SHAPES`, default :func:`default_tile`), ``stages`` (input stages in flight),
-    ``out_stages`` (output buffers, >= 2), ``consumer_warps``, ``ctas_per_sm`` (persistent CTAs per SM),
-    ``order`` ("src": consecutive tiles run along a source row band; "dst": along a destination row band),
+    ``out_stages`` (output buffers, >= 2), ``consumer_warps``, ``ctas_per_sm`` (persistent CTAs per SM;
+    default 2 when two fit in shared memory, else 1),
+    ``order`` ("dst", the default: consecutive tiles run along a destination row band; "src": along a source
+    row band),
     ``l2_promotion`` of the loads (0/64/128/256), ``grid`` (number of CTAs instead of the persistent
     ``ctas_per_sm * SMs``; each CTA loops over tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...``).
 
@@ -315,8 +317,8 @@ class Transpose:
     TensorMaps and the kernel are built here; ``launch(stream)`` runs it.
     """
 
-    def __init__(self, src, dst, *, stages=4, ctas_per_sm=1, tile=None, consumer_warps=4, out_stages=2,
-                 order="src", l2_promotion=0, grid=None):
+    def __init__(self, src, dst, *, stages=4, ctas_per_sm=None, tile=None, consumer_warps=4, out_stages=2,
+                 order="dst", l2_promotion=0, grid=None):
         op = "Transpose"
         ls, ld = array_layout(src), array_layout(dst)
         for what, lay in (("src", ls), ("dst", ld)):
@@ -357,7 +359,7 @@ class Transpose:
             raise TensorMapError(f"{op}: out_stages must be in 2..8, got {out_stages}.")
         if not 1 <= consumer_warps <= 16:
             raise TensorMapError(f"{op}: consumer_warps must be in 1..16, got {consumer_warps}.")
-        if not (isinstance(ctas_per_sm, int) and ctas_per_sm >= 1):
+        if ctas_per_sm is not None and not (isinstance(ctas_per_sm, int) and ctas_per_sm >= 1):
             raise TensorMapError(f"{op}: ctas_per_sm must be a positive integer, got {ctas_per_sm!r}.")
         if grid is not None and not (isinstance(grid, int) and grid >= 1):
             raise TensorMapError(f"{op}: grid must be a positive integer (number of CTAs), got {grid!r}.")
@@ -382,6 +384,8 @@ class Transpose:
         self.order = order
         self.threads = 32 * (consumer_warps + 1)
         self.smem = self.geometry.smem
+        if self.ctas_per_sm is None:  # two CTAs per SM when two fit (measured faster on an H200)
+            self.ctas_per_sm = 2 if 2 * (self.smem + 2048) <= 228 * 1024 else 1
         self.nbytes = 2 * m * n * itemsize  # read + written
         tm, tn = self.tile
         w = self.geometry.W

@@ -24,7 +24,7 @@ def test_other_ranks_fold_into_rows():
     plan = StreamCopy(arr((8, 512, 100)), arr((8, 512, 100), ptr=1 << 30))
     assert plan.src_map.shape == (4096, 100)
     flat = StreamCopy(arr((1 << 20,)), arr((1 << 20,), ptr=1 << 30))
-    assert flat.src_map.shape == (256, 4096) and flat.tile == (32, 256) and flat.smem == 4 * 32768
+    assert flat.src_map.shape == (256, 4096) and flat.tile == (16, 256) and flat.smem == 4 * 16384
 
 
 def test_strided_views_keep_their_shape():
