@@ -24,9 +24,12 @@ RowSum
 
 Softmax
   *rows* mode (default whenever at least two stages of whole rows fit in shared memory): the stage holds
-  whole rows; per row: max (one pass over shared memory), ``exp(x - max)`` and its sum (second pass; for
-  float32 the exponentials are written back), normalisation written back into the same buffer (third
-  pass). Consumers then ``fence.proxy.async`` and hand the stage (an mbarrier per stage) to a *storer*
+  whole rows. Register path (default when a thread owns at most 64 elements of a row under the register
+  cap; ``registers=False`` turns it off): each thread loads its elements once into registers (generated,
+  unrolled code, constant shared-memory offsets), then max, group max, ``exp(x - max)`` and its sum, group
+  sum, and writes ``e * (1 / sum)`` back: one load, one exp, one store per element. Otherwise loops over
+  shared memory: max (one pass), ``exp(x - max)`` and its sum (second pass; for float32 the exponentials
+  are written back), normalisation written back into the same buffer (third pass). Consumers then ``fence.proxy.async`` and hand the stage (an mbarrier per stage) to a *storer*
   warp whose lane 0 TMA-stores it and releases the stage to the producer once the store has read it
   (``bulk_wait_group_read(store_lag)``). HBM traffic: one read and one write per element.
   *chunked* mode (rows too long for shared memory; or ``mode="chunked"``): two passes over each row block
@@ -42,8 +45,10 @@ block per CTA; no split of a row across CTAs).
 
 Tuning (constructor options): ``stages``, ``warps`` (consumer warps, 1..16), ``stage_bytes`` (target
 bytes per stage), ``threads_per_row``, ``rows_per_stage``, ``chunk_boxes``, ``ctas_per_sm``,
-``l2_promotion``, ``fastmath``; Softmax also ``mode`` and ``store_lag``. ``plan.config`` shows the chosen
-values.
+``l2_promotion``, ``fastmath``; Softmax also ``mode``, ``store_lag`` and ``registers``. ``plan.config`` shows
+the chosen values. Softmax's default ``warps`` is 16 for rows mode with rows of at least 2048 elements
+(box-rounded), else 8; ``threads_per_row`` then aims at 32 elements per thread. Softmax rows-mode kernels
+are compiled with ``max_registers`` (``plan.max_registers``) so that ``ctas_per_sm`` CTAs fit.
 """
 from __future__ import annotations
 
@@ -720,12 +725,14 @@ def _row_softmax_regs(to_f32, from_f32, group_sum, group_max, elems, exact):
 
 @functools.lru_cache(maxsize=None)
 def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, kc, slot, lag, fastmath,
-                         exact=False, registers=True):
+                         exact=False, registers=True, max_registers=None):
     to_f32, from_f32 = _converters(dtype_name)
     group_sum, group_max = _group_reducers(tpr, warps)
     cache = dtype_name == "float32"
     row_max, row_expsum, row_normalise = _row_loops(to_f32, from_f32, tpr, box_c, slot, cache)
     layout = _reg_layout(tpr, box_c, slot, kc) if registers else None
+    if layout is not None and max_registers and len(layout[1]) * 3 // 2 + 32 > max_registers:
+        layout = None  # would spill under the register cap: loop over shared memory instead
     use_regs = layout is not None
     grouped = use_regs and layout[0]
     if use_regs:
@@ -737,7 +744,7 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
     stage_elems = kr * kc * slot
     nscratch = 2 * warps
 
-    @cuda.jit(fastmath=fastmath)
+    @cuda.jit(fastmath=fastmath, max_registers=max_registers)
     def softmax_rows_kernel(x, y, rows, n, nblocks):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         scratch = cuda.shared.array(nscratch, np.float32)
@@ -908,7 +915,9 @@ class Softmax:
     module docstring for the design and limits.
 
     ``x``, ``out``: CUDA arrays of one shape and dtype (float32/float16/bfloat16; 16-bit types computed in
-    float32). Options: ``stages`` (4), ``warps`` (8 consumer warps), ``stage_bytes`` (32768; a stage
+    float32). Options: ``stages`` (4), ``warps`` (auto: 16 consumer warps for rows mode with rows of at
+    least 2048 elements, else 8), ``registers`` (True: rows mode keeps a thread's elements in registers
+    when they fit), ``stage_bytes`` (32768; a stage
     grows to hold at least one row group in rows mode), ``threads_per_row`` (auto), ``rows_per_stage``
     (auto), ``chunk_boxes`` (auto, chunked mode), ``mode`` ("auto", "rows", "chunked"), ``store_lag``
     (0: a stage is released once its own store has read it; k: after the store k stages later),
@@ -939,6 +948,7 @@ class Softmax:
         self._grid = None
         self.config = None
         self.kernel = None
+        self.max_registers = None
         if xr.rows == 0 or xr.n == 0:
             self.nbytes = 0
             return
@@ -1013,11 +1023,15 @@ class Softmax:
         self.out_map = TensorMap(orr.view, box)
         require_store_target("Softmax", self.out_map, "out")
         nb_dtype = self.x_map.numba_type.dtype
+        self.threads = 32 * (warps + 2)
+        # registers per thread that let ctas_per_sm CTAs of self.threads threads fit (64K registers per SM,
+        # allocated per warp in units of 8 per thread); rows mode only (chunked mode: None, ptxas chooses)
+        self.max_registers = min(255, 65536 // (ctas_per_sm * self.threads) // 8 * 8) if use_rows else None
         if use_rows:
             self.kernel = _softmax_rows_kernel(
                 xr.dtype.name, nb_dtype, warps, c.stages, c.threads_per_row, c.box_rows, c.box_cols,
                 c.row_boxes, c.col_boxes, c.slot, lag, bool(fastmath), xr.n == c.col_boxes * c.box_cols,
-                bool(registers),
+                bool(registers), self.max_registers,
             )
             self.nbytes = 2 * xr.rows * xr.n * item
         else:
@@ -1026,7 +1040,6 @@ class Softmax:
                 lag, bool(fastmath),
             )
             self.nbytes = 3 * xr.rows * xr.n * item  # x read twice
-        self.threads = 32 * (warps + 2)
 
     def argtypes(self):
         """Kernel argument types (for offline compilation with :func:`numbatma.compile.compile_ptx`)."""

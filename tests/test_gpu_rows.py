@@ -202,6 +202,11 @@ def test_softmax_masked_rows(mode):
         ((300, 4096), dict(warps=16, threads_per_row=64)),
         ((300, 4096), dict(fastmath=True, l2_promotion=256)),
         ((20, 20000), dict(mode="rows", stages=1)),
+        ((300, 4096), dict(registers=False)),  # rows mode's shared-memory loops
+        ((300, 4096), dict(warps=8)),
+        ((300, 16384), dict(warps=8, stages=2)),  # 64 elements per thread in registers
+        ((300, 4096), dict(ctas_per_sm=2, stages=2)),
+        ((100, 12), dict()),  # a group wider than the row
     ],
 )
 def test_softmax_options(shape, options):

@@ -28,7 +28,7 @@ def build(cls, shape, dtype=np.float32, **options):
 
 def compiled(plan, arch="sm_90a"):
     ptx = nbc.compile_ptx(plan.kernel.py_func, plan.argtypes(), arch)
-    return ptx, nbc.sass(nbc.link_cubin(ptx, arch))
+    return ptx, nbc.sass(nbc.link_cubin(ptx, arch, max_registers=getattr(plan, "max_registers", None)))
 
 
 def check_code(ptx, sass, stores):
@@ -101,6 +101,12 @@ KERNELS = {
     "softmax-rows-fp16": (Softmax, (100, 4096), np.float16, {}),
     "rowsum-bf16": (RowSum, (100, 2048), BF16, {}),
     "softmax-chunked-bf16": (Softmax, (4, 100000), BF16, {}),
+    "softmax-rows-4k": (Softmax, (65536, 4096), np.float32, {}),
+    "softmax-rows-16k": (Softmax, (16384, 16384), np.float32, {}),
+    "softmax-rows-16k-loops": (Softmax, (16384, 16384), np.float32, dict(registers=False)),
+    "softmax-rows-20k-one-stage": (Softmax, (20, 20000), np.float32, dict(mode="rows", stages=1)),
+    "softmax-rows-odd-bf16": (Softmax, (100, 3000), BF16, {}),
+    "softmax-rows-4k-2ctas": (Softmax, (65536, 4096), np.float32, dict(ctas_per_sm=2, stages=2)),
 }
 
 
@@ -109,6 +115,28 @@ def test_kernels_compile_and_link_for_sm90a(name):
     cls, shape, dtype, options = KERNELS[name]
     plan = build(cls, shape, dtype, **options)
     check_code(*compiled(plan), stores=cls is Softmax)
+
+
+@pytest.mark.parametrize(
+    "shape, warps, tpr",
+    [((1000, 4), 8, 4), ((1000, 1000), 8, 32), ((100, 2048), 16, 64), ((65536, 4096), 16, 128),
+     ((16384, 16384), 16, 512), ((4, 100000), 8, 256)],
+)
+def test_softmax_defaults_by_row_length(shape, warps, tpr):
+    c = build(Softmax, shape).config
+    assert (c.warps, c.threads_per_row) == (warps, tpr)
+
+
+@pytest.mark.parametrize("shape", [(65536, 4096), (16384, 16384), (129, 4096), (333, 1000), (100, 3000)])
+def test_softmax_rows_keep_the_row_in_registers(shape):
+    """Rows mode's register path: every element loaded once, one exp each (unrolled: 32 MUFU.EX2 for
+    32 elements per thread), no spills under the register cap that lets the CTA launch."""
+    plan = build(Softmax, shape)
+    ptx, sass = compiled(plan)
+    assert plan.max_registers <= 65536 // plan.threads
+    check_code(ptx, sass, stores=True)
+    per_thread = -(-shape[-1] // plan.config.threads_per_row)
+    assert sass.count("MUFU.EX2") >= per_thread
 
 
 @pytest.mark.parametrize("name", ["rowsum-chunked", "softmax-rows-block"])
