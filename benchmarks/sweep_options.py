@@ -48,7 +48,15 @@ def main(argv=None):
     def report(name, opts, plan, nbytes, ok):
         try:
             t = timed(torch, plan.launch)
-            print(f"{name:10s} {str(opts):70s} {nbytes / t / 1e12:6.3f} TB/s  {'ok' if ok else 'WRONG'}", flush=True)
+            extra = ""
+            try:
+                extra = f"  regs/thread {plan.kernel.get_regs_per_thread()}"
+                if getattr(plan, "fallback", None):
+                    extra += f"  fallback: {plan.fallback}"
+            except Exception:  # noqa: BLE001 - several overloads or no kernel: no register figure
+                pass
+            print(f"{name:10s} {str(opts):70s} {nbytes / t / 1e12:6.3f} TB/s  {'ok' if ok else 'WRONG'}{extra}",
+                  flush=True)
         except Exception as exc:  # noqa: BLE001
             print(f"{name:10s} {str(opts):70s} failed: {type(exc).__name__}: {exc}", flush=True)
 

@@ -1024,15 +1024,16 @@ class Softmax:
         require_store_target("Softmax", self.out_map, "out")
         nb_dtype = self.x_map.numba_type.dtype
         self.threads = 32 * (warps + 2)
+        self.fallback = None
         # registers per thread that let ctas_per_sm CTAs of self.threads threads fit (64K registers per SM,
         # allocated per warp in units of 8 per thread); rows mode only (chunked mode: None, ptxas chooses)
         self.max_registers = min(255, 65536 // (ctas_per_sm * self.threads) // 8 * 8) if use_rows else None
         if use_rows:
-            self.kernel = _softmax_rows_kernel(
+            self._rows_kernel_args = (
                 xr.dtype.name, nb_dtype, warps, c.stages, c.threads_per_row, c.box_rows, c.box_cols,
                 c.row_boxes, c.col_boxes, c.slot, lag, bool(fastmath), xr.n == c.col_boxes * c.box_cols,
-                bool(registers), self.max_registers,
             )
+            self.kernel = _softmax_rows_kernel(*self._rows_kernel_args, bool(registers), self.max_registers)
             self.nbytes = 2 * xr.rows * xr.n * item
         else:
             self.kernel = _softmax_chunked_kernel(
@@ -1057,7 +1058,17 @@ class Softmax:
         args = (self.x_map, self.out_map, self.rows, self.n, c.row_blocks)
         if c.mode == "chunked":
             args += (c.total_col_boxes,)
-        self.kernel[self._grid, self.threads, stream, c.smem_bytes](*args)
+        try:
+            self.kernel[self._grid, self.threads, stream, c.smem_bytes](*args)
+        except Exception as exc:  # noqa: BLE001 - only the register-budget failure is handled
+            if "OUT_OF_RESOURCES" not in str(exc) or c.mode != "rows" or self.fallback is not None:
+                raise
+            # The build used more registers than self.threads threads can have (the cap was not honoured):
+            # use the shared-memory loops, which need far fewer, and say so in plan.fallback.
+            regs = self.kernel.get_regs_per_thread() if len(self.kernel.overloads) == 1 else None
+            self.fallback = f"register path needs {regs} registers/thread for {self.threads} threads; loops used"
+            self.kernel = _softmax_rows_kernel(*self._rows_kernel_args, False, self.max_registers)
+            self.kernel[self._grid, self.threads, stream, c.smem_bytes](*args)
 
 
 def softmax(x, out, **options):

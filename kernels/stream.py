@@ -33,6 +33,7 @@ from ._launch import ceil_div, persistent_grid, require_store_target, same_layou
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
 
 MAX_BOX = 256
+SMEM_LIMIT = 227 * 1024 - 1024  # per-block opt-in maximum on H100/H200, less the pipeline's static barriers
 
 
 # -- host side: 2-D views and tiles ---------------------------------------------------------------------
@@ -67,14 +68,16 @@ def _views(op, *arrays):
     return views, array_layout(views[0])
 
 
-def _tile(layout, tile_bytes, max_cols=MAX_BOX):
+def _tile(layout, tile_bytes, tiles_per_ring=1, max_cols=MAX_BOX):
     """(tile_rows, tile_cols): a row of at most 256 elements (a multiple of 16 bytes), rows to fill
-    ``tile_bytes``."""
+    ``tile_bytes``, fewer when ``tiles_per_ring`` such tiles would not fit in shared memory."""
     rows, cols = layout.shape
     item = layout.dtype.itemsize
     per16 = max(1, 16 // item)
     tc = min(max_cols, ceil_div(cols, per16) * per16)
     tr = max(1, min(MAX_BOX, tile_bytes // (tc * item), rows))
+    while tr > 1 and tiles_per_ring * _slot_elems((tr, tc), item) * item > SMEM_LIMIT:
+        tr //= 2
     return tr, tc
 
 
@@ -154,7 +157,7 @@ class StreamCopy:
         if math.prod(array_layout(src).shape) == 0:
             return
         (src2, dst2), ls = _views(op, src, dst)
-        self.tile = _tile(ls, tile_bytes)
+        self.tile = _tile(ls, tile_bytes, stages)
         self.src_map = TensorMap(src2, self.tile, l2_promotion=l2_promotion)
         self.dst_map = TensorMap(dst2, self.tile)
         require_store_target(op, self.dst_map, "dst")
@@ -257,7 +260,7 @@ class Axpy:
         if math.prod(layout.shape) == 0:
             return
         (x2, y2, o2), lx = _views(op, x, y, out)
-        self.tile = _tile(lx, tile_bytes)
+        self.tile = _tile(lx, tile_bytes, 2 * stages)
         self.x_map = TensorMap(x2, self.tile, l2_promotion=l2_promotion)
         self.y_map = TensorMap(y2, self.tile, l2_promotion=l2_promotion)
         self.out_map = TensorMap(o2, self.tile)
