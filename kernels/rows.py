@@ -79,7 +79,17 @@ DTYPES = ("float32", "float16", "bfloat16")
 FULL_MASK = 0xFFFFFFFF
 NEG_INF = np.float32(-np.inf)
 MAX_BOX = 256
-LONG_ROW = 2048  # Softmax rows mode: rows of at least this many elements (box-rounded) default to 16 warps
+LONG_ROW = 2048  # Softmax rows mode: rows of at least this many elements (box-rounded) use LONG_ROW_WARPS
+LONG_ROW_WARPS = 8  # 8 consumer warps + producer + storer = 10 warps: up to 168 registers per thread
+
+
+def _register_cap(warps_per_sm):
+    """The most registers per thread with which ``warps_per_sm`` warps are resident on one SM. The 64K
+    registers of an SM sit in 4 quadrants of 16K and warps are spread over the quadrants, so the busiest
+    quadrant holds ceil(warps / 4) warps (seen on an H200: 18 warps x 112 registers did not launch,
+    18 x 104 neither, 18 x 83 did). Allocation is in units of 8 registers per thread."""
+    per_quadrant = -(-warps_per_sm // 4)
+    return min(255, 16384 // (32 * per_quadrant) // 8 * 8)
 SMEM_PER_BLOCK = 227 * 1024  # opt-in maximum per CTA on H100/H200/B200 (static + dynamic)
 SMEM_PER_SM = 228 * 1024  # per SM; the system reserves 1 KiB of it per resident CTA
 SMEM_RESERVED_PER_CTA = 1024
@@ -915,8 +925,7 @@ class Softmax:
     module docstring for the design and limits.
 
     ``x``, ``out``: CUDA arrays of one shape and dtype (float32/float16/bfloat16; 16-bit types computed in
-    float32). Options: ``stages`` (4), ``warps`` (auto: 16 consumer warps for rows mode with rows of at
-    least 2048 elements, else 8), ``registers`` (True: rows mode keeps a thread's elements in registers
+    float32). Options: ``stages`` (4), ``warps`` (auto: 8 consumer warps), ``registers`` (True: rows mode keeps a thread's elements in registers
     when they fit), ``stage_bytes`` (32768; a stage
     grows to hold at least one row group in rows mode), ``threads_per_row`` (auto), ``rows_per_stage``
     (auto), ``chunk_boxes`` (auto, chunked mode), ``mode`` ("auto", "rows", "chunked"), ``store_lag``
@@ -956,7 +965,7 @@ class Softmax:
         box_c, kc = _box_cols(xr.n, item)
         wp = kc * box_c
         if auto_warps and wp >= LONG_ROW and mode != "chunked":
-            warps = 16  # long rows: all consumer warps on the rows of a stage (falls back below if chunked)
+            warps = LONG_ROW_WARPS  # long rows: registers for a row share (falls back below if chunked)
         consumers = 32 * warps
         if threads_per_row is None:
             if kc == 1 and box_c <= 32:
@@ -1025,9 +1034,9 @@ class Softmax:
         nb_dtype = self.x_map.numba_type.dtype
         self.threads = 32 * (warps + 2)
         self.fallback = None
-        # registers per thread that let ctas_per_sm CTAs of self.threads threads fit (64K registers per SM,
-        # allocated per warp in units of 8 per thread); rows mode only (chunked mode: None, ptxas chooses)
-        self.max_registers = min(255, 65536 // (ctas_per_sm * self.threads) // 8 * 8) if use_rows else None
+        # registers per thread that let ctas_per_sm CTAs of self.threads threads fit; rows mode only (chunked
+        # mode: None, ptxas chooses)
+        self.max_registers = _register_cap(ctas_per_sm * self.threads // 32) if use_rows else None
         if use_rows:
             self._rows_kernel_args = (
                 xr.dtype.name, nb_dtype, warps, c.stages, c.threads_per_row, c.box_rows, c.box_cols,

@@ -119,8 +119,8 @@ def test_kernels_compile_and_link_for_sm90a(name):
 
 @pytest.mark.parametrize(
     "shape, warps, tpr",
-    [((1000, 4), 8, 4), ((1000, 1000), 8, 32), ((100, 2048), 16, 64), ((65536, 4096), 16, 128),
-     ((16384, 16384), 16, 512), ((4, 100000), 8, 256)],
+    [((1000, 4), 8, 4), ((1000, 1000), 8, 32), ((100, 2048), 8, 64), ((65536, 4096), 8, 128),
+     ((16384, 16384), 8, 256), ((4, 100000), 8, 256)],
 )
 def test_softmax_defaults_by_row_length(shape, warps, tpr):
     c = build(Softmax, shape).config
@@ -133,7 +133,7 @@ def test_softmax_rows_keep_the_row_in_registers(shape):
     32 elements per thread), no spills under the register cap that lets the CTA launch."""
     plan = build(Softmax, shape)
     ptx, sass = compiled(plan)
-    assert plan.max_registers <= 65536 // plan.threads
+    assert plan.max_registers <= 16384 // (32 * -(-plan.threads // 128))  # the busiest register quadrant
     check_code(ptx, sass, stores=True)
     per_thread = -(-shape[-1] // plan.config.threads_per_row)
     assert sass.count("MUFU.EX2") >= per_thread
