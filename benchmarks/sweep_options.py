@@ -77,9 +77,9 @@ def main(argv=None):
     y = torch.empty_like(x)
     if "copy" in only:
         run("copy", lambda o: StreamCopy(x, y, **o), lambda: torch.equal(x, y), 2 * x.numel() * 4, [
-            {}, dict(evict_first=True), dict(tile_bytes=16384), dict(tile_bytes=16384, evict_first=True),
-            dict(stages=2, tile_bytes=65536, evict_first=True), dict(stages=3, tile_bytes=32768, ctas_per_sm=2,
-                                                                    evict_first=True),
+            {}, dict(two_roles=True), dict(two_roles=True, stages=6), dict(two_roles=True, tile_bytes=32768),
+            dict(two_roles=True, ctas_per_sm=2), dict(two_roles=True, stages=8, tile_bytes=8192),
+            dict(stages=8, tile_bytes=8192),
         ])
         t = timed(torch, lambda: y.copy_(x))
         print(f"copy       torch y.copy_(x){'':52s} {2 * x.numel() * 4 / t / 1e12:6.3f} TB/s", flush=True)

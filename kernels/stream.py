@@ -137,6 +137,44 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
     return stream_copy_kernel
 
 
+@functools.lru_cache(maxsize=None)
+def _copy_kernel_two_roles(stages, tile, nb_dtype):
+    """The copy with a loading warp and a storing warp (one elected lane each): loads never wait behind the
+    storer's ``wait_group.read``; the storer releases a stage once the store before the current one read
+    it."""
+    tr, tc = tile
+    tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
+    lag = 1 if stages > 1 else 0
+
+    @cuda.jit(lineinfo=False)
+    def stream_copy_two_roles_kernel(src, dst, tiles_c, ntiles):
+        ring = cuda.shared.array(0, nb_dtype, alignment=1024)
+        pipe = Pipeline(stages, 1, 1)
+        first = cuda.blockIdx.x
+        step = cuda.gridDim.x
+        mine = (ntiles - first + step - 1) // step
+        if cuda.threadIdx.x // 32 == 0:
+            if elect_one_sync():
+                for i in range(mine):
+                    t = first + i * step
+                    s = pipe.producer_acquire()
+                    pipe.load(shared_view(ring, s * tile_elems, (tr, tc)), src,
+                              ((t // tiles_c) * tr, (t % tiles_c) * tc))
+                    pipe.producer_commit()
+        elif elect_one_sync():
+            for i in range(mine):
+                t = first + i * step
+                c = pipe.consumer_wait()
+                tma_store(dst, ((t // tiles_c) * tr, (t % tiles_c) * tc), shared_view(ring, c * tile_elems, (tr, tc)))
+                bulk_commit_group()
+                if i >= lag:
+                    bulk_wait_group_read(lag)
+                    pipe.consumer_release()
+            bulk_wait_group(0)
+
+    return stream_copy_two_roles_kernel
+
+
 class StreamCopy:
     """A planned copy ``dst[...] = src`` through shared memory with TMA: persistent CTAs, one issuing
     thread each, a ring of ``stages`` tiles of about ``tile_bytes`` bytes.
@@ -145,10 +183,11 @@ class StreamCopy:
     strided views, other ranks must be C-contiguous. Rows must start on 16-byte boundaries (TMA's rule).
     ``stages=1`` gives the unpipelined version (load, store, wait, repeat) for comparison.
     ``evict_first=True`` marks the loads and stores with an L2 evict-first policy (``.L2::cache_hint``).
+    ``two_roles=True`` uses a loading warp and a storing warp instead of one thread doing both.
     """
 
     def __init__(self, src, dst, *, stages=4, tile_bytes=16384, ctas_per_sm=1, l2_promotion=0,
-                 evict_first=False):
+                 evict_first=False, two_roles=False):
         op = "StreamCopy"
         same_layout(op, src, dst)
         if not 1 <= stages <= 32:
@@ -167,12 +206,17 @@ class StreamCopy:
         self.stages = stages
         self.smem = stages * _slot_elems(self.tile, ls.dtype.itemsize) * ls.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
-        self.kernel = _copy_kernel(stages, self.tile, self.src_map.numba_type.dtype, bool(evict_first))
+        nb_dtype = self.src_map.numba_type.dtype
+        if two_roles:
+            self.kernel, self.threads = _copy_kernel_two_roles(stages, self.tile, nb_dtype), 64
+        else:
+            self.kernel, self.threads = _copy_kernel(stages, self.tile, nb_dtype, bool(evict_first)), 32
         self.nbytes = 2 * math.prod(ls.shape) * ls.dtype.itemsize  # read + written
 
     def launch(self, stream=0):
         if self.ntiles:
-            self.kernel[self.grid, 32, stream, self.smem](self.src_map, self.dst_map, self.tiles_c, self.ntiles)
+            self.kernel[self.grid, self.threads, stream, self.smem](self.src_map, self.dst_map, self.tiles_c,
+                                                                    self.ntiles)
 
 
 def stream_copy(src, dst, **options):

@@ -175,11 +175,11 @@ def test_shared_view_of_dynamic_shared_memory():
 
 # -- StreamCopy ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(1, 4), (3, 260), (1000, 1004), (4096, 4096), (2, 3, 40), (1 << 20,), (1000,)])
-@pytest.mark.parametrize("stages", [1, 2, 4])
-def test_stream_copy_shapes(shape, stages):
+@pytest.mark.parametrize("stages, two_roles", [(1, False), (2, False), (4, False), (1, True), (3, True)])
+def test_stream_copy_shapes(shape, stages, two_roles):
     host = random(shape, np.float32)
     dst = poisoned(shape, np.float32)
-    StreamCopy(cuda.to_device(host), dst, stages=stages).launch()
+    StreamCopy(cuda.to_device(host), dst, stages=stages, two_roles=two_roles).launch()
     np.testing.assert_array_equal(dst.copy_to_host(), host)
 
 

@@ -34,8 +34,9 @@ def test_strided_views_keep_their_shape():
 
 
 @pytest.mark.parametrize("arch", nbc.ARCHS[:2])
-def test_stream_copy_compiles_and_links(arch):
-    plan = StreamCopy(arr((2048, 2048)), arr((2048, 2048), ptr=1 << 30), stages=3)
+@pytest.mark.parametrize("two_roles", [False, True])
+def test_stream_copy_compiles_and_links(arch, two_roles):
+    plan = StreamCopy(arr((2048, 2048)), arr((2048, 2048), ptr=1 << 30), stages=3, two_roles=two_roles)
     ptx = nbc.compile_ptx(plan.kernel.py_func, (plan.src_map, plan.dst_map, types.int64, types.int64), arch)
     sass = nbc.sass(nbc.link_cubin(ptx, arch))
     assert "UTMALDG.2D" in sass and "UTMASTG.2D" in sass
