@@ -42,6 +42,10 @@ fi
 if [[ $parts == *" sweep "* ]]; then  # option sweeps used to pick the kernels' defaults (not in the default parts)
   timeout 500 python3 "$repo/benchmarks/sweep_options.py" ${SWEEP_ARGS:-} 2>&1 | grep -v Warn | tee "$out/sweep.log"
 fi
+if [[ $parts == *" profile "* ]]; then  # hardware counters of the bandwidth kernels (ncu, not in the default parts)
+  m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum
+  timeout 300 ncu --clock-control none --profile-from-start off --metrics "$m" python3 "$repo/scripts/profile_kernels.py" 2>&1 | tee "$out/profile.log"
+fi
 if [[ $parts == *" probes "* ]]; then
   # Observations, not pass/fail checks.
   timeout 120 python3 "$repo/scripts/probe_setmaxnreg.py" 2>&1 | tee -a "$out/probe.log"
