@@ -98,9 +98,8 @@ def main(argv=None):
         ref = torch.nn.functional.conv2d(x[None, None], w, padding=1)[0, 0]
         run("stencil", lambda o: Laplacian5(x, y, **o), lambda: bool(torch.allclose(y, ref, atol=1e-4)),
             2 * x.numel() * 4, [
-                {}, dict(tile=(8, 248)), dict(tile=(16, 248), stages=6), dict(tile=(16, 248), ctas_per_sm=1),
-                dict(tile=(16, 248), consumer_warps=8), dict(tile=(16, 248), l2_promotion=128),
-                dict(tile=(24, 248)),
+                {}, dict(walk="rows"), dict(tile=(32, 248)), dict(tile=(32, 128)), dict(l2_promotion=128),
+                dict(tile=(64, 128), stages=3), dict(ctas_per_sm=1),
             ])
         del ref
     for shape in ((65536, 4096), (16384, 16384)):
