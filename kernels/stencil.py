@@ -156,7 +156,7 @@ def _tile_compute(dtype_name, br, bc, consumer_warps):
 
 
 @functools.lru_cache(maxsize=None)
-def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="strips"):
+def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows"):
     """The kernel for one (dtype, tile, stages, consumer warps); all of them compile-time constants."""
     from numba.cuda import types as nbtypes
 
@@ -289,9 +289,10 @@ class Laplacian5:
     * ``consumer_warps``: warps that compute and store (plus one producer warp).
     * ``ctas_per_sm``: CTAs per SM in the persistent grid.
     * ``l2_promotion``: L2 promotion of the loads (:class:`numbatma.L2Promotion`).
-    * ``walk``: ``"strips"`` (default: each CTA takes a contiguous run of tiles in column-major order, so the
-      halo rows a tile shares with the one above were just loaded and come from L2) or ``"rows"`` (every
-      ``gridDim``-th tile in row-major order; ncu on an H200 showed ~12% extra DRAM reads: the halos).
+    * ``walk``: ``"rows"`` (default: every ``gridDim``-th tile in row-major order, so the CTAs work on
+      neighbouring tiles at once) or ``"strips"`` (each CTA walks down a column strip, so a tile's top halo
+      rows were just loaded by the tile above). On an H200 "rows" reads ~12% more from DRAM (ncu: the halo
+      rows) but is faster, 3.64 vs 3.15 TB/s: DRAM locality across CTAs matters more than halo reuse.
 
     Validation needs no GPU; the kernel compiles on the first :meth:`launch`.
     """
@@ -306,7 +307,7 @@ class Laplacian5:
         consumer_warps=DEFAULT_CONSUMER_WARPS,
         ctas_per_sm=DEFAULT_CTAS_PER_SM,
         l2_promotion=L2Promotion.B256,
-        walk="strips",
+        walk="rows",
     ):
         op = "Laplacian5"
         if walk not in ("strips", "rows"):

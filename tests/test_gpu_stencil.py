@@ -59,8 +59,8 @@ def test_float64_odd_multiple_of_16_bytes():
         dict(tile=(32, 128), stages=8, consumer_warps=4, ctas_per_sm=1),
         dict(tile=(20, 96), stages=5, consumer_warps=2),
         dict(tile=(1, 4), stages=2, consumer_warps=1),
-        dict(walk="rows"),
-        dict(tile=(8, 32), stages=2, walk="rows", ctas_per_sm=4),
+        dict(walk="strips"),
+        dict(tile=(8, 32), stages=2, walk="strips", ctas_per_sm=4),
         dict(l2_promotion=0),
     ],
 )
