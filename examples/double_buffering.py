@@ -29,6 +29,7 @@ import numpy as np
 from numba import cuda
 
 import numbatma
+from numbatma.utils import fill_uniform, gpu_problem, median_ms
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
@@ -95,50 +96,6 @@ def double_buffer_kernel(src, dst, ntiles):
         bulk_wait_group(0)  # the stores are complete before the block (and its shared memory) goes away
 
 
-@cuda.jit
-def fill_uniform(a, seed):
-    """a[i, j] = a pseudo-random float32 in [-1, 1) (a 32-bit integer hash of the flat index)."""
-    cols = a.shape[1]
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for k in range(start, a.size, stride):
-        h = (np.uint64(k) * np.uint64(0x9E3779B1) + np.uint64(seed)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        h = (h * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(15)
-        h = (h * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        a[k // cols, k % cols] = np.float32(h >> np.uint64(8)) * np.float32(2.0 ** -23) - np.float32(1.0)
-
-
-def gpu_problem():
-    """None when a GPU with TMA is usable, else a one-line reason."""
-    if numbatma.SIMULATING:
-        return ("the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run TMA/mbarrier kernels; "
-                "run it on a GPU with compute capability 9.0+")
-    if not cuda.is_available():
-        return "it needs a CUDA GPU with TMA (compute capability 9.0+); none was found"
-    cc = cuda.get_current_device().compute_capability
-    if cc < (9, 0):
-        return f"it needs compute capability 9.0+ for TMA; this GPU has {cc[0]}.{cc[1]}"
-    return None
-
-
-def median_ms(launch, warmup=2, runs=10):
-    """Median time of ``launch()`` in milliseconds, from CUDA events, after ``warmup`` untimed runs."""
-    for _ in range(warmup):
-        launch()
-    cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, stop = cuda.event(timing=True), cuda.event(timing=True)
-        start.record()
-        launch()
-        stop.record()
-        stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
-    return float(np.median(times))
-
-
 def main():
     reason = gpu_problem()
     if reason:
@@ -146,7 +103,7 @@ def main():
         return 0
     x = cuda.device_array((ROWS, COLS), np.float32)
     y = cuda.device_array((ROWS, COLS), np.float32)
-    fill_uniform[1024, 256](x, 12345)
+    fill_uniform(x, 12345)
     src, dst = numbatma.TensorMap(x, (BM, BN)), numbatma.TensorMap(y, (BM, BN))
     ntiles = (ROWS // BM) * (COLS // BN)
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT

@@ -44,6 +44,7 @@ import numpy as np
 from numba import cuda, types
 
 import numbatma
+from numbatma.utils import fill_uniform, gpu_problem, median_ms
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
@@ -177,21 +178,6 @@ fa3_kernel = cuda.jit(**_CAP)(make_kernel(True))
 fa3_kernel_plain = cuda.jit(make_kernel(False))  # fallback: same layout, no register hand-over
 
 
-@cuda.jit
-def fill_uniform(a, seed):
-    """a[i, j] = a pseudo-random float32 in [-1, 1) (a 32-bit integer hash of the flat index)."""
-    cols = a.shape[1]
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for k in range(start, a.size, stride):
-        h = (np.uint64(k) * np.uint64(0x9E3779B1) + np.uint64(seed)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        h = (h * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(15)
-        h = (h * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        a[k // cols, k % cols] = np.float32(h >> np.uint64(8)) * np.float32(2.0 ** -23) - np.float32(1.0)
-
-
 def reference(hx):
     """NumPy: the same float32 operations, in the same order, as the kernel."""
     blocks = hx.reshape(ROWS, COLS // BN, BN)
@@ -203,47 +189,15 @@ def reference(hx):
     return q, scales
 
 
-def gpu_problem():
-    """None when a GPU with TMA is usable, else a one-line reason."""
-    if numbatma.SIMULATING:
-        return ("the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run TMA/mbarrier kernels; "
-                "run it on a GPU with compute capability 9.0+")
-    if not cuda.is_available():
-        return "it needs a CUDA GPU with TMA (compute capability 9.0+); none was found"
-    cc = cuda.get_current_device().compute_capability
-    if cc < (9, 0):
-        return f"it needs compute capability 9.0+ for TMA; this GPU has {cc[0]}.{cc[1]}"
-    optin = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    if optin < SMEM_BYTES:
-        return f"it needs {SMEM_BYTES} bytes of shared memory per block; this GPU allows {optin}"
-    return None
-
-
-def median_ms(launch, warmup=2, runs=10):
-    """Median time of ``launch()`` in milliseconds, from CUDA events, after ``warmup`` untimed runs."""
-    for _ in range(warmup):
-        launch()
-    cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, stop = cuda.event(timing=True), cuda.event(timing=True)
-        start.record()
-        launch()
-        stop.record()
-        stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
-    return float(np.median(times))
-
-
 def main():
-    reason = gpu_problem()
+    reason = gpu_problem(shared_bytes=SMEM_BYTES)
     if reason:
         print(f"fa3_producer_consumer.py: skipped: {reason}.")
         return 0
     x = cuda.device_array((ROWS, COLS), np.float32)
     q = cuda.device_array((ROWS, COLS), np.int8)
     s = cuda.device_array((COLS // BN, ROWS), np.float32)
-    fill_uniform[1024, 256](x, 7)
+    fill_uniform(x, 7)
     x_map = numbatma.TensorMap(x, (BM, BN))
     q_map = numbatma.TensorMap(q, (BM, BN))
     s_map = numbatma.TensorMap(s, (1, BM))

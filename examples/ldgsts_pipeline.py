@@ -30,7 +30,7 @@ import sys
 import numpy as np
 from numba import cuda
 
-import numbatma
+from numbatma.utils import fill_uniform, gpu_problem, median_ms
 from numbatma.intrinsics import Pipeline, cp_async
 
 ROWS, COLS = 16384, 4096  # 256 MiB of float32
@@ -100,58 +100,14 @@ def ldgsts_row_sum_kernel(x, out):
             acc1 = np.float32(0.0)
 
 
-@cuda.jit
-def fill_uniform(a, seed):
-    """a[i, j] = a pseudo-random float32 in [-1, 1) (a 32-bit integer hash of the flat index)."""
-    cols = a.shape[1]
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for k in range(start, a.size, stride):
-        h = (np.uint64(k) * np.uint64(0x9E3779B1) + np.uint64(seed)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        h = (h * np.uint64(0x7FEB352D)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(15)
-        h = (h * np.uint64(0x846CA68B)) & np.uint64(0xFFFFFFFF)
-        h ^= h >> np.uint64(16)
-        a[k // cols, k % cols] = np.float32(h >> np.uint64(8)) * np.float32(2.0 ** -23) - np.float32(1.0)
-
-
-def gpu_problem():
-    """None when a usable GPU is present, else a one-line reason."""
-    if numbatma.SIMULATING:
-        return ("the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run mbarrier/cp.async kernels; "
-                "run it on a GPU with compute capability 8.0+")
-    if not cuda.is_available():
-        return "it needs a CUDA GPU with cp.async (compute capability 8.0+); none was found"
-    cc = cuda.get_current_device().compute_capability
-    if cc < (8, 0):
-        return f"it needs compute capability 8.0+ for cp.async; this GPU has {cc[0]}.{cc[1]}"
-    return None
-
-
-def median_ms(launch, warmup=2, runs=10):
-    """Median time of ``launch()`` in milliseconds, from CUDA events, after ``warmup`` untimed runs."""
-    for _ in range(warmup):
-        launch()
-    cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, stop = cuda.event(timing=True), cuda.event(timing=True)
-        start.record()
-        launch()
-        stop.record()
-        stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
-    return float(np.median(times))
-
-
 def main():
-    reason = gpu_problem()
+    reason = gpu_problem((8, 0), "mbarrier/cp.async")
     if reason:
         print(f"ldgsts_pipeline.py: skipped: {reason}.")
         return 0
     x = cuda.device_array((ROWS, COLS), np.float32)
     out = cuda.device_array(ROWS, np.float32)
-    fill_uniform[1024, 256](x, 99)
+    fill_uniform(x, 99)
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     grid = min(ROWS // BM, sms * BLOCKS_PER_SM)
 
