@@ -24,14 +24,24 @@ else:  # pragma: no cover - exercised by the simulator tests
     types = errors = _intrinsic = None
 
 
+def sim():
+    """The simulator runtime (``intrinsics/_sim.py``), imported on first use."""
+    from . import _sim
+
+    return _sim
+
+
 def device_op(simulate=None, prefer_literal=False):
     """Define an intrinsic (GPU) and its simulator semantics at one site."""
 
     def wrap(typer):
         if SIMULATING:
             if simulate is not None:
-                functools.update_wrapper(simulate, typer, assigned=("__name__", "__qualname__", "__doc__"))
-                return simulate
+                def simulated(*args):
+                    return simulate(*args)
+
+                functools.update_wrapper(simulated, typer, assigned=("__name__", "__qualname__", "__doc__"))
+                return simulated
 
             @functools.wraps(typer)
             def unsupported(*args, **kwargs):

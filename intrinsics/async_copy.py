@@ -8,7 +8,7 @@ integer for 1-D arrays, a tuple otherwise), so views with strides work.
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, barrier_address, device_op, fail, require_barrier, require_literal_int
+from ._define import SIMULATING, barrier_address, device_op, fail, require_barrier, require_literal_int, sim
 
 # The global operand is converted from a generic address inside the asm block.
 COPY_CA = Ptx(
@@ -59,7 +59,7 @@ def _shared_pointer(builder, ptr):
     return builder.ptrtoint(smem, ir.IntType(32))
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda dst, di, src, si, n: sim().cp_async(dst, di, src, si, n))
 def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     """Start copying ``nbytes`` (4, 8 or 16) bytes from ``src[src_index]`` (global) to ``dst[dst_index]``
     (shared) with this thread.
@@ -105,13 +105,13 @@ def _plain(ptx):
     return codegen
 
 
-@device_op()
+@device_op(simulate=lambda: None)
 def cp_async_commit_group(typingctx):
     """``cp.async.commit_group;`` - close this thread's current group of ``cp_async`` copies."""
     return types.void(), _plain(COMMIT_GROUP)
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda n: None)
 def cp_async_wait_group(typingctx, n):
     """``cp.async.wait_group N;`` - wait until at most ``N`` (a constant, 0..7 is typical) of this thread's
     committed groups are pending. Other threads' copies are covered only after a block barrier."""
@@ -124,7 +124,7 @@ def cp_async_wait_group(typingctx, n):
     return types.void(n), codegen
 
 
-@device_op()
+@device_op(simulate=lambda: None)
 def cp_async_wait_all(typingctx):
     """``cp.async.wait_all;`` - wait for all of this thread's ``cp_async`` copies."""
     return types.void(), _plain(WAIT_ALL)
@@ -138,7 +138,7 @@ def _arrive(ptx):
     return codegen
 
 
-@device_op()
+@device_op(simulate=lambda bar: None)
 def cp_async_mbarrier_arrive(typingctx, bar):
     """``cp.async.mbarrier.arrive.shared.b64 [bar];`` - when all of this thread's prior ``cp_async`` copies
     complete, arrive on ``bar``. The pending count is raised by one first, so the thread still makes its
@@ -148,7 +148,7 @@ def cp_async_mbarrier_arrive(typingctx, bar):
     return types.void(bar), _arrive(MBARRIER_ARRIVE)
 
 
-@device_op()
+@device_op(simulate=lambda bar: sim().mbarrier_arrive(bar))
 def cp_async_mbarrier_arrive_noinc(typingctx, bar):
     """``cp.async.mbarrier.arrive.noinc.shared.b64 [bar];`` - the completion of this thread's prior
     ``cp_async`` copies is one of the arrivals ``bar`` expects (initialise it with the number of copying

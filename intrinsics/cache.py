@@ -25,19 +25,19 @@ def _policy(ptx):
     return types.uint64(), codegen
 
 
-@device_op()
+@device_op(simulate=lambda: 0)
 def l2_policy_evict_first(typingctx):
     """``createpolicy.fractional.L2::evict_first.b64 policy, 1.0;`` - a policy for data used once."""
     return _policy(EVICT_FIRST)
 
 
-@device_op()
+@device_op(simulate=lambda: 0)
 def l2_policy_evict_last(typingctx):
     """``createpolicy.fractional.L2::evict_last.b64 policy, 1.0;`` - a policy for data used again soon."""
     return _policy(EVICT_LAST)
 
 
-@device_op()
+@device_op(simulate=lambda: 0)
 def l2_policy_evict_normal(typingctx):
     """``createpolicy.fractional.L2::evict_normal.b64 policy, 1.0;`` - the default priority."""
     return _policy(EVICT_NORMAL)

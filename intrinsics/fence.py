@@ -24,7 +24,7 @@ def _plain(ptx):
     return codegen
 
 
-@device_op()
+@device_op(simulate=lambda: None)
 def fence_proxy_async_shared_cta(typingctx):
     """``fence.proxy.async.shared::cta;`` - make this thread's ordinary writes to shared memory visible
     to the async proxy. Every thread that wrote a tile executes it before the block barrier that precedes a
@@ -32,14 +32,14 @@ def fence_proxy_async_shared_cta(typingctx):
     return types.void(), _plain(PROXY_ASYNC_SHARED_CTA)
 
 
-@device_op()
+@device_op(simulate=lambda: None)
 def fence_mbarrier_init(typingctx):
     """``fence.mbarrier_init.release.cluster;`` - make preceding ``mbarrier_init`` visible to the async
     proxy and to other CTAs of the cluster. Use after initialising barriers, before the block barrier."""
     return types.void(), _plain(MBARRIER_INIT)
 
 
-@device_op()
+@device_op(simulate=lambda descs, i: descs.tensormaps[int(i)])
 def tensormap_acquire(typingctx, descs, index):
     """Descriptor ``index`` of a :class:`numbatma.TensorMapArray` (descriptors in global memory), after
     ``fence.proxy.tensormap::generic.acquire.gpu [addr], 128;`` so the TMA unit sees its current bytes.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ._asm import Ptx
-from ._define import SIMULATING, barrier_address, device_op, require_barrier, require_int, to_u32
+from ._define import SIMULATING, barrier_address, device_op, require_barrier, require_int, to_u32, sim
 
 # -- the PTX ------------------------------------------------------------------------------------------
 INIT = Ptx("mbarrier.init.shared::cta.b64 [$bar], $count;", ins=(("bar", "b32"), ("count", "b32")), min_sm=80)
@@ -70,7 +70,7 @@ def _lower(ptx, extra=(), *, returns=False):
     return codegen
 
 
-@device_op()
+@device_op(simulate=lambda bars, i: sim().BarrierRef(sim().address_of(bars, int(i)), f"barrier {int(i)} of {bars.shape[0]}"))
 def mbarrier_ref(typingctx, bars, index):
     """Reference to barrier ``bars[index]`` of a shared ``uint64`` array, usable wherever a barrier is
     expected. No PTX: the 32-bit shared address ``&bars[0] + 8*index``. The caller guarantees
@@ -88,7 +88,7 @@ def mbarrier_ref(typingctx, bars, index):
     return _mbarrier_ref_type(bars, index), codegen
 
 
-@device_op()
+@device_op(simulate=lambda bar, count: sim().mbarrier_init(bar, count))
 def mbarrier_init(typingctx, bar, count):
     """``mbarrier.init.shared::cta.b64 [bar], count;`` - set the expected arrival count of each phase.
 
@@ -99,7 +99,7 @@ def mbarrier_init(typingctx, bar, count):
     return types.void(bar, count), _lower(INIT, ("count",))
 
 
-@device_op()
+@device_op(simulate=lambda bar: sim().mbarrier_inval(bar))
 def mbarrier_inval(typingctx, bar):
     """``mbarrier.inval.shared::cta.b64 [bar];`` - invalidate before reusing the memory for other data.
     No thread may be waiting on, or later arrive at, the barrier."""
@@ -107,7 +107,7 @@ def mbarrier_inval(typingctx, bar):
     return types.void(bar), _lower(INVAL)
 
 
-@device_op()
+@device_op(simulate=lambda bar: sim().mbarrier_arrive(bar))
 def mbarrier_arrive(typingctx, bar):
     """Arrive once on the barrier (release semantics at CTA scope); returns the phase state token (uint64).
 
@@ -117,7 +117,7 @@ def mbarrier_arrive(typingctx, bar):
     return types.uint64(bar), _lower(ARRIVE, returns=True)
 
 
-@device_op()
+@device_op(simulate=lambda bar, count: sim().mbarrier_arrive(bar, count))
 def mbarrier_arrive_n(typingctx, bar, count):
     """Arrive ``count`` times at once; returns the state token.
     ``mbarrier.arrive.shared::cta.b64 state, [bar], count;`` (sm_90). ``count >= 1``."""
@@ -126,7 +126,7 @@ def mbarrier_arrive_n(typingctx, bar, count):
     return types.uint64(bar, count), _lower(ARRIVE_COUNT, ("count",), returns=True)
 
 
-@device_op()
+@device_op(simulate=lambda bar, tx: sim().mbarrier_arrive(bar, 1, tx))
 def mbarrier_arrive_expect_tx(typingctx, bar, tx_bytes):
     """Arrive and raise the current phase's expected transaction count by ``tx_bytes``; returns the state.
 
@@ -137,7 +137,7 @@ def mbarrier_arrive_expect_tx(typingctx, bar, tx_bytes):
     return types.uint64(bar, tx_bytes), _lower(ARRIVE_EXPECT_TX, ("tx",), returns=True)
 
 
-@device_op()
+@device_op(simulate=lambda bar, tx: sim().mbarrier_expect_tx(bar, tx))
 def mbarrier_expect_tx(typingctx, bar, tx_bytes):
     """``mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx;`` - raise the expected transaction
     count without arriving."""
@@ -146,7 +146,7 @@ def mbarrier_expect_tx(typingctx, bar, tx_bytes):
     return types.void(bar, tx_bytes), _lower(EXPECT_TX, ("tx",))
 
 
-@device_op()
+@device_op(simulate=lambda bar, tx: sim().mbarrier_complete_tx(bar, tx))
 def mbarrier_complete_tx(typingctx, bar, tx_bytes):
     """``mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [bar], tx;`` - mark ``tx_bytes`` as delivered
     (what the async proxy does when a TMA copy lands)."""
@@ -155,7 +155,7 @@ def mbarrier_complete_tx(typingctx, bar, tx_bytes):
     return types.void(bar, tx_bytes), _lower(COMPLETE_TX, ("tx",))
 
 
-@device_op()
+@device_op(simulate=lambda bar, parity: sim().wait_parity(bar, parity))
 def mbarrier_wait_parity(typingctx, bar, parity):
     """Block until the phase with parity ``parity`` (0 or 1) has completed.
 
@@ -166,7 +166,7 @@ def mbarrier_wait_parity(typingctx, bar, parity):
     return types.void(bar, parity), _lower(WAIT_PARITY, ("parity",))
 
 
-@device_op()
+@device_op(simulate=lambda bar, parity: sim().test_wait_parity(bar, parity))
 def mbarrier_try_wait_parity(typingctx, bar, parity):
     """One ``mbarrier.try_wait.parity`` (which may sleep for a system-defined time); returns True if the
     phase with that parity has completed."""
@@ -180,7 +180,7 @@ def mbarrier_try_wait_parity(typingctx, bar, parity):
     return types.boolean(bar, parity), codegen
 
 
-@device_op()
+@device_op(simulate=lambda bar, parity: sim().test_wait_parity(bar, parity))
 def mbarrier_test_wait_parity(typingctx, bar, parity):
     """``mbarrier.test_wait.parity`` - non-blocking test; True if the phase with that parity completed."""
     require_barrier("mbarrier_test_wait_parity", bar)
@@ -205,7 +205,7 @@ def _token_codegen(ptx, returns_bool):
     return codegen
 
 
-@device_op()
+@device_op(simulate=lambda bar, token: sim().wait_token(bar, token))
 def mbarrier_wait(typingctx, bar, state):
     """Block until the phase that ``state`` (a token from ``mbarrier_arrive*``) belongs to has completed.
     A loop over ``mbarrier.try_wait.shared::cta.b64 p, [bar], state;``."""
@@ -214,7 +214,7 @@ def mbarrier_wait(typingctx, bar, state):
     return types.void(bar, state), _token_codegen(WAIT_TOKEN, False)
 
 
-@device_op()
+@device_op(simulate=lambda bar, token: sim().test_wait_token(bar, token))
 def mbarrier_test_wait(typingctx, bar, state):
     """``mbarrier.test_wait.shared::cta.b64`` with a state token; True if that phase has completed."""
     require_barrier("mbarrier_test_wait", bar)

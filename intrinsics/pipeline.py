@@ -42,7 +42,7 @@ import functools
 from numba import cuda
 
 from ._asm import Ptx
-from ._define import SIMULATING, device_op, fail, require_int, require_literal_int
+from ._define import SIMULATING, device_op, require_int, require_literal_int, sim
 from .async_copy import cp_async_mbarrier_arrive_noinc
 from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
 from .tma import tma_load, tma_load_hinted
@@ -110,7 +110,38 @@ if not SIMULATING:
         return builder.gep(state, [ir.Constant(I32, 0), ir.Constant(I32, index)])
 
 
-@device_op(prefer_literal=True)
+class SimPipeline:
+    """``Pipeline`` under the CUDA simulator: each thread's own state; the block's barriers are shared
+    per call site (like a static shared array). The methods are the functions below, as on the GPU."""
+
+    def __init__(self, stages, producer_arrivals, consumer_arrivals, site):
+        s = sim()
+        self.stages = int(stages)
+        bars = s.shared_allocation(("Pipeline",) + site, (2 * self.stages,), "uint64")
+        if s.thread_index() == 0:
+            for i in range(self.stages):
+                s.mbarrier_init(s.BarrierRef(s.address_of(bars, i), f"full barrier of stage {i} ({site[0]}:{site[1]})"),
+                                producer_arrivals)
+                s.mbarrier_init(
+                    s.BarrierRef(s.address_of(bars, self.stages + i),
+                                 f"empty barrier of stage {i} ({site[0]}:{site[1]})"), consumer_arrivals)
+        s.syncthreads()
+        self.bars = bars
+        self.site = site
+        self.state = [0] * _NSLOTS
+
+    def barrier(self, index, kind):
+        s = sim()
+        stage = index if kind == "full" else index - self.stages
+        return s.BarrierRef(s.address_of(self.bars, index),
+                            f"{kind} barrier of stage {stage} ({self.site[0]}:{self.site[1]})")
+
+
+def _sim_pipeline(stages, producer_arrivals, consumer_arrivals):
+    return SimPipeline(stages, producer_arrivals, consumer_arrivals, sim().caller_site(3))
+
+
+@device_op(prefer_literal=True, simulate=_sim_pipeline)
 def Pipeline(typingctx, stages, producer_arrivals, consumer_arrivals):  # noqa: N802 - reads like a class
     """Create a pipeline of ``stages`` (a constant, 1..64) shared-memory stages; collective: every thread
     of the block calls it (it ends with a block barrier).
@@ -151,7 +182,7 @@ def Pipeline(typingctx, stages, producer_arrivals, consumer_arrivals):  # noqa: 
 
 
 # -- state access (private) ----------------------------------------------------------------------------
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda pipe, slot: pipe.state[slot])
 def _get(typingctx, pipe, slot):
     index = slot.literal_value
 
@@ -161,7 +192,11 @@ def _get(typingctx, pipe, slot):
     return types.int32(pipe, slot), codegen
 
 
-@device_op(prefer_literal=True)
+def _sim_set(pipe, slot, value):
+    pipe.state[slot] = int(value)
+
+
+@device_op(prefer_literal=True, simulate=_sim_set)
 def _set(typingctx, pipe, slot, value):
     index = slot.literal_value
 
@@ -172,7 +207,7 @@ def _set(typingctx, pipe, slot, value):
     return types.void(pipe, slot, value), codegen
 
 
-@device_op()
+@device_op(simulate=lambda pipe, stage: pipe.barrier(int(stage), "full"))
 def _full(typingctx, pipe, stage):
     """The full barrier of ``stage``."""
 
@@ -184,7 +219,7 @@ def _full(typingctx, pipe, stage):
     return _mbarrier_ref_type(pipe, stage), codegen
 
 
-@device_op()
+@device_op(simulate=lambda pipe, stage: pipe.barrier(pipe.stages + int(stage), "empty"))
 def _empty(typingctx, pipe, stage):
     """The empty barrier of ``stage``."""
     n = pipe.stages
@@ -291,7 +326,10 @@ def _typer_returning(impl):
     return typer
 
 
-if not SIMULATING:
+if SIMULATING:
+    for _name, _impl in METHODS.items():
+        setattr(SimPipeline, _name, _impl)
+else:
     for _name, _impl in METHODS.items():
         overload_method(PipelineType, _name, target="cuda")(_typer_returning(_impl))
 

@@ -8,6 +8,8 @@ which calls a runtime helper).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ._define import SIMULATING, device_op, fail, require_int, require_shared
 
 PTX = {}  # no instructions: address arithmetic only
@@ -28,7 +30,7 @@ def _literal_shape(op, shape):
     fail(op, f"the shape must be a tuple of compile-time constant integers, got {shape}")
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda buf, offset, shape: buf.reshape(-1)[int(offset):int(offset) + int(np.prod(shape))].reshape(shape))
 def shared_view(typingctx, buf, offset, shape):
     """A C-contiguous view with the constant ``shape`` of ``buf`` (a shared array, usually
     ``cuda.shared.array(0, dtype, alignment=1024)``) starting at element ``offset`` of ``buf``'s

@@ -20,6 +20,7 @@ from ._define import (
     require_tensormap,
     require_tile_matches,
     shared_address,
+    sim,
     to_i32,
 )
 
@@ -85,7 +86,7 @@ def _coord_operands(context, builder, sig_coords, coords_value, rank):
     return {f"c{i}": v for i, v in enumerate(reversed(vals))}
 
 
-@device_op()
+@device_op(simulate=lambda dst, desc, coords, bar: sim().tma_load(dst, desc, coords, bar))
 def tma_load(typingctx, dst, desc, coords, bar):
     """Start a TMA load of the box at ``coords`` of ``desc`` into the shared tile ``dst``; completion is
     signalled on ``bar`` as ``desc.box_bytes`` transaction bytes.
@@ -120,7 +121,7 @@ def tma_load(typingctx, dst, desc, coords, bar):
     return types.void(dst, desc, coords, bar), codegen
 
 
-@device_op()
+@device_op(simulate=lambda desc, coords, src: sim().tma_store(desc, coords, src))
 def tma_store(typingctx, desc, coords, src):
     """Start a TMA store of the shared tile ``src`` to the box at ``coords`` of ``desc``, in the current
     bulk group. Emits ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group [desc, {...}], [src];``.
@@ -149,7 +150,7 @@ def tma_store(typingctx, desc, coords, src):
     return types.void(desc, coords, src), codegen
 
 
-@device_op()
+@device_op(simulate=lambda dst, desc, coords, bar, policy: sim().tma_load(dst, desc, coords, bar))
 def tma_load_hinted(typingctx, dst, desc, coords, bar, policy):
     """``tma_load`` with an L2 cache policy (``policy`` from ``l2_policy_evict_first()`` etc.):
     ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint
@@ -177,7 +178,7 @@ def tma_load_hinted(typingctx, dst, desc, coords, bar, policy):
     return types.void(dst, desc, coords, bar, policy), codegen
 
 
-@device_op()
+@device_op(simulate=lambda desc, coords, src, policy: sim().tma_store(desc, coords, src))
 def tma_store_hinted(typingctx, desc, coords, src, policy):
     """``tma_store`` with an L2 cache policy: ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group
     .L2::cache_hint [desc, {...}], [src], policy;``. Same caller guarantees as ``tma_store``."""
@@ -202,7 +203,7 @@ def tma_store_hinted(typingctx, desc, coords, src, policy):
     return types.void(desc, coords, src, policy), codegen
 
 
-@device_op()
+@device_op(simulate=lambda: None)
 def bulk_commit_group(typingctx):
     """``cp.async.bulk.commit_group;`` - close the current bulk group (the TMA stores issued by this
     thread since the last commit)."""
@@ -214,7 +215,7 @@ def bulk_commit_group(typingctx):
     return types.void(), codegen
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda n: None)
 def bulk_wait_group(typingctx, n):
     """``cp.async.bulk.wait_group N;`` - wait until at most ``N`` of this thread's bulk groups are pending
     (their writes to global memory done). ``N`` is a compile-time constant in 0..63."""
@@ -227,7 +228,7 @@ def bulk_wait_group(typingctx, n):
     return types.void(n), codegen
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda n: None)
 def bulk_wait_group_read(typingctx, n):
     """``cp.async.bulk.wait_group.read N;`` - wait until at most ``N`` bulk groups still *read* their shared
     source, so that shared memory may be reused. ``N`` is a compile-time constant in 0..63."""

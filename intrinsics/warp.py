@@ -3,7 +3,7 @@ subset of the block's warps, and moving registers between warpgroups (``setmaxnr
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, to_u32
+from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, to_u32, sim
 
 ELECT_ONE = Ptx(
     "{ .reg .pred p; .reg .b32 lane; elect.sync lane|p, 0xffffffff; selp.u32 $elected, 1, 0, p; }",
@@ -19,7 +19,7 @@ if not SIMULATING:
     from numba.cuda import types
 
 
-@device_op()
+@device_op(simulate=lambda: sim().thread_index() % 32 == 0)
 def elect_one_sync(typingctx):
     """True in exactly one lane of the (fully active) warp, False in the others.
 
@@ -54,7 +54,7 @@ def _lower_barrier(ptx):
     return codegen
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda barrier_id, threads: sim().named_barrier(barrier_id, threads, True))
 def named_barrier_sync(typingctx, barrier_id, threads):
     """Block until ``threads`` threads (a constant multiple of 32: whole warps) have reached named barrier
     ``barrier_id`` (0..15). ``bar.sync id, threads;``. Id 0 is what ``cuda.syncthreads()`` uses; give each
@@ -63,7 +63,7 @@ def named_barrier_sync(typingctx, barrier_id, threads):
     return types.void(barrier_id, threads), _lower_barrier(NAMED_BARRIER_SYNC)
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda barrier_id, threads: sim().named_barrier(barrier_id, threads, False))
 def named_barrier_arrive(typingctx, barrier_id, threads):
     """Arrive at named barrier ``barrier_id`` without waiting (the signalling side of a hand-off between
     warps). ``bar.arrive id, threads;``."""
@@ -83,7 +83,7 @@ def _setmaxnreg(op, ptx, regs):
     return types.void(regs), codegen
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda regs: None)
 def setmaxnreg_inc(typingctx, regs):
     """Raise this warpgroup's per-thread register limit to ``regs`` (a constant, multiple of 8, 24..256).
     ``setmaxnreg.inc.sync.aligned.u32 regs;`` (sm_90a, sm_100a, sm_120a). All 128 threads of the warpgroup
@@ -94,7 +94,7 @@ def setmaxnreg_inc(typingctx, regs):
     return _setmaxnreg("setmaxnreg_inc", SETMAXNREG_INC, regs)
 
 
-@device_op(prefer_literal=True)
+@device_op(prefer_literal=True, simulate=lambda regs: None)
 def setmaxnreg_dec(typingctx, regs):
     """Lower this warpgroup's per-thread register limit to ``regs`` and give the rest back to the CTA's
     pool. ``setmaxnreg.dec.sync.aligned.u32 regs;`` (sm_90a, sm_100a, sm_120a). Typically the producer

@@ -21,7 +21,11 @@ from .tensormap import (
 __version__ = "0.1.0"
 SIMULATING = _os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
-if not SIMULATING:
+if SIMULATING:
+    from . import _numba_internals
+
+    _numba_internals.install_simulator()
+else:
     from . import _numba_internals
     from ._types import SharedArray, TensorMapArrayType, TensorMapType
 

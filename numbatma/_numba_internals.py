@@ -19,6 +19,9 @@ The hooks:
    :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
 5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
    dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
+7. (simulator only) ``numba.cuda.simulator.kernelapi.FakeCUDAShared.array`` refuses ``alignment=``, which every
+   TMA kernel passes; :func:`install_simulator` accepts it (the simulator's TMA copies place bytes relative
+   to the tile, so the alignment itself has no effect there).
 6. ``numba.cuda.dispatcher.get_current_device``: compiling a device function (``cuda.jit(device=True)``,
    ``overload_method`` implementations) asks the *current device* for its compute capability, which needs a
    driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers with the compile target
@@ -170,6 +173,44 @@ def _device_for_compile(original):
         return original()
 
     return get_current_device
+
+
+# -- hook 7: the simulator accepts alignment= on shared arrays ------------------------------------------
+_sim_lock = threading.Lock()
+
+
+def install_simulator():
+    """Under NUMBA_ENABLE_CUDASIM=1: ``cuda.shared.array(..., alignment=...)`` as on the GPU. The replacement
+    keeps upstream's rules (dynamic arrays share one buffer; static ones are keyed by the calling source
+    line) and takes a lock around the allocation, which upstream does not."""
+    import sys
+    import traceback
+
+    import numpy as np
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator import kernelapi
+
+    shared_cls = kernelapi.FakeCUDAShared
+    if getattr(shared_cls.array, "_numbatma", False):
+        return
+
+    def array(self, shape, dtype, alignment=None):
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        dtype = np.dtype(dtype)
+        if shape == 0:
+            count = self._dynshared_size // dtype.itemsize
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2])
+        with _sim_lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.zeros(shape, dtype)
+        return res
+
+    array._numbatma = True
+    shared_cls.array = array
 
 
 # -- installation -------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,6 +127,19 @@ def _dtype_from_typestr(typestr, descr=None):
     return dt
 
 
+_SIMULATING = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def _simulator_memory(array):
+    """Under the CUDA simulator, device arrays are NumPy arrays in disguise (``_ary``); host NumPy arrays
+    are accepted too. Returns the NumPy array, or None for anything else."""
+    seen = 0
+    while not isinstance(array, np.ndarray) and seen < 4:
+        array = getattr(array, "_ary", None)
+        seen += 1
+    return array if isinstance(array, np.ndarray) else None
+
+
 class _LayoutArray:
     """A CUDA-array-interface view of an :class:`ArrayLayout` (same pointer, numbatma's strides)."""
 
@@ -165,6 +179,11 @@ def array_layout(array) -> ArrayLayout:
     """
     if isinstance(array, ArrayLayout):
         return array
+    if _SIMULATING:
+        host = _simulator_memory(array)
+        if host is not None:
+            return ArrayLayout(int(host.__array_interface__["data"][0]), tuple(host.shape),
+                               _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize), host.dtype)
     try:
         cai = array.__cuda_array_interface__
     except AttributeError:

@@ -1,0 +1,199 @@
+"""Under NUMBA_ENABLE_CUDASIM=1: TMA copies with box clipping, OOB fill and swizzle byte placement,
+mbarrier phases and transaction bytes, the Pipeline, and hang diagnostics."""
+import numpy as np
+import pytest
+from numba import cuda
+
+import numbatma
+from numbatma.intrinsics import (
+    Pipeline,
+    bulk_commit_group,
+    bulk_wait_group,
+    elect_one_sync,
+    fence_mbarrier_init,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_test_wait_parity,
+    mbarrier_wait_parity,
+    named_barrier_sync,
+    shared_view,
+    tma_load,
+    tma_store,
+)
+from numbatma.intrinsics._sim import SimulatedHang
+
+RNG = np.random.default_rng()
+
+
+@cuda.jit
+def load_store(src, dst):
+    tile = cuda.shared.array((8, 32), np.float32, alignment=1024)
+    bar = cuda.shared.array(1, np.uint64)
+    row, col = cuda.blockIdx.y * 8, cuda.blockIdx.x * 32
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 1)
+        fence_mbarrier_init()
+        mbarrier_arrive_expect_tx(bar, src.box_bytes)
+        tma_load(tile, src, (row, col), bar)
+        mbarrier_wait_parity(bar, 0)
+        tma_store(dst, (row, col), tile)
+        bulk_commit_group()
+        bulk_wait_group(0)
+
+
+@pytest.mark.parametrize("swizzle", [0, 128])
+def test_round_trip_with_partial_boxes(swizzle):
+    host = RNG.standard_normal((20, 72)).astype(np.float32)  # views of 70 columns in rows of 72
+    dst = np.full((20, 72), np.nan, np.float32)
+    load_store[(3, 3), 4](numbatma.TensorMap(host[:, :70], (8, 32), swizzle=swizzle),
+                          numbatma.TensorMap(dst[:, :70], (8, 32), swizzle=swizzle))
+    np.testing.assert_array_equal(dst[:, :70], host[:, :70])
+
+
+@cuda.jit
+def load_raw(src, out):
+    buf = cuda.shared.array(256, np.float32, alignment=1024)
+    bar = cuda.shared.array(1, np.uint64)
+    cols = src.box[1]
+    tile = shared_view(buf, 0, (8, cols))
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 1)
+        mbarrier_arrive_expect_tx(bar, src.box_bytes)
+        tma_load(tile, src, (0, 0), bar)
+        mbarrier_wait_parity(bar, 0)
+        for k in range(8 * cols):
+            out[k] = buf[k]
+
+
+@pytest.mark.parametrize("span", [32, 64, 128])
+def test_swizzle_byte_placement(span):
+    """Element (r, c) of the box lands at byte offset o ^ (((o >> 7) & (span/16 - 1)) << 4), o = dense
+    offset of the element in the tile (the 16-byte chunk XOR the 128-byte row, modulo the span)."""
+    cols = span // 4
+    host = np.arange(8 * 64, dtype=np.float32).reshape(8, 64)
+    out = np.zeros(8 * cols, np.float32)
+    load_raw[1, 1](numbatma.TensorMap(host, (8, cols), swizzle=span), out)
+    raw = out.view(np.uint8)
+    expect = np.empty_like(raw)
+    dense = host[:, :cols].reshape(-1).view(np.uint8)
+    for o in range(dense.size):
+        expect[o ^ (((o >> 7) & (span // 16 - 1)) << 4)] = dense[o]
+    np.testing.assert_array_equal(raw, expect)
+
+
+@cuda.jit
+def oob_fill(src, out):
+    tile = cuda.shared.array((4, 8), np.float32)
+    bar = cuda.shared.array(1, np.uint64)
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 1)
+        mbarrier_arrive_expect_tx(bar, src.box_bytes)
+        tma_load(tile, src, (-2, -4), bar)
+        mbarrier_wait_parity(bar, 0)
+        for i in range(4):
+            for j in range(8):
+                out[i, j] = tile[i, j]
+
+
+@pytest.mark.parametrize("fill", ["zero", "nan"])
+def test_out_of_bounds_fill(fill):
+    host = RNG.standard_normal((6, 8)).astype(np.float32)
+    out = np.zeros((4, 8), np.float32)
+    oob_fill[1, 1](numbatma.TensorMap(host, (4, 8), oob_fill=fill), out)
+    expect = np.full((4, 8), np.nan if fill == "nan" else 0, np.float32)
+    expect[2:, 4:] = host[:2, :4]
+    np.testing.assert_array_equal(out, expect)
+
+
+TR, TC, STAGES = 4, 16, 3
+
+
+@cuda.jit
+def ring_sums(src, sums, ntiles):
+    ring = cuda.shared.array(0, np.float32, alignment=1024)
+    partial = cuda.shared.array(32, np.float32)
+    pipe = Pipeline(STAGES, 1, 32)
+    if cuda.threadIdx.x // 32 == 0:
+        if elect_one_sync():
+            for t in range(ntiles):
+                s = pipe.producer_acquire()
+                pipe.load(shared_view(ring, s * TR * TC, (TR, TC)), src, (t * TR, 0))
+                pipe.producer_commit()
+    else:
+        me = cuda.threadIdx.x - 32
+        for t in range(ntiles):
+            s = pipe.consumer_wait()
+            tile = shared_view(ring, s * TR * TC, (TR, TC))
+            acc = np.float32(0)
+            for k in range(me, TR * TC, 32):
+                acc += tile[k // TC, k % TC]
+            partial[me] = acc
+            pipe.consumer_release()
+            named_barrier_sync(1, 32)
+            if me == 0:
+                total = np.float32(0)
+                for j in range(32):
+                    total += partial[j]
+                sums[t] = total
+            named_barrier_sync(1, 32)
+
+
+def test_pipeline_rounds():
+    ntiles = 7  # more tiles than stages: the ring wraps and the parities flip
+    host = RNG.standard_normal((ntiles * TR, TC)).astype(np.float32)
+    sums = np.full(ntiles, np.nan, np.float32)
+    ring_sums[1, 64, 0, STAGES * TR * TC * 4](numbatma.TensorMap(host, (TR, TC)), sums, ntiles)
+    np.testing.assert_allclose(sums, host.reshape(ntiles, -1).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+@cuda.jit
+def wrong_parity(src):
+    tile = cuda.shared.array((4, 16), np.float32)
+    bar = cuda.shared.array(1, np.uint64)
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 1)
+        mbarrier_arrive_expect_tx(bar, src.box_bytes)
+        tma_load(tile, src, (0, 0), bar)
+        mbarrier_wait_parity(bar, 0)
+        mbarrier_wait_parity(bar, 1)  # phase 1 never completes: nobody arrives again
+
+
+@cuda.jit
+def short_tx(src):
+    tile = cuda.shared.array((4, 16), np.float32)
+    bar = cuda.shared.array(1, np.uint64)
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 1)
+        mbarrier_arrive_expect_tx(bar, src.box_bytes + 16)  # 16 bytes more than the load delivers
+        tma_load(tile, src, (0, 0), bar)
+        mbarrier_wait_parity(bar, 0)
+
+
+def test_hang_on_a_phase_nobody_completes():
+    host = np.ones((4, 16), np.float32)
+    with pytest.raises(SimulatedHang, match=r"parity 1.*phase 1"):
+        wrong_parity[1, 1](numbatma.TensorMap(host, (4, 16)))
+
+
+def test_hang_names_the_missing_transaction_bytes():
+    host = np.ones((4, 16), np.float32)
+    with pytest.raises(SimulatedHang, match="16 transaction bytes outstanding"):
+        short_tx[1, 1](numbatma.TensorMap(host, (4, 16)))
+
+
+@cuda.jit
+def token_and_test(flags):
+    bar = cuda.shared.array(1, np.uint64)
+    if cuda.threadIdx.x == 0:
+        mbarrier_init(bar, 2)
+    cuda.syncthreads()
+    mbarrier_arrive(bar)
+    cuda.syncthreads()
+    flags[cuda.threadIdx.x] = mbarrier_test_wait_parity(bar, 0)
+
+
+def test_phase_completes_when_every_thread_arrived():
+    flags = np.zeros(2, np.bool_)
+    token_and_test[1, 2](flags)
+    assert flags.tolist() == [True, True]

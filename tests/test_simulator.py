@@ -1,0 +1,18 @@
+"""CPU: the simulator suite (tests/sim) runs under NUMBA_ENABLE_CUDASIM=1 in a subprocess, since the
+variable must be set before Numba is imported."""
+import os
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def test_simulator_suite_passes():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "sim")],
+        capture_output=True, text=True, env=env, timeout=900, cwd=HERE.parent,
+    )
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "skipped" not in out.stdout.splitlines()[-1]
