@@ -59,7 +59,7 @@ def test_copy_kernel_compiles_for_every_rank(rank):
 def test_main_example_runs_in_the_simulator_without_a_gpu():
     """Without a TMA GPU the main example re-runs itself in the CUDA simulator, says so, and checks the
     copy against NumPy there."""
-    from conftest import gpu_reason
+    from gpuinfo import gpu_reason
 
     if gpu_reason() is None:
         pytest.skip("a GPU is present")

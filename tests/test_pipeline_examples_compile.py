@@ -220,7 +220,7 @@ def run_script(name, **env_changes):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_explains_itself_without_a_gpu(name):
-    from conftest import gpu_reason
+    from gpuinfo import gpu_reason
 
     if gpu_reason() is None:
         pytest.skip("a GPU is present")
