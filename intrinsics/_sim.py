@@ -18,6 +18,7 @@ import traceback
 import numpy as np
 
 _lock = threading.RLock()
+_changed = threading.Condition(_lock)  # notified whenever a barrier, named barrier or warp exchange moves
 
 
 class SimulatedHang(RuntimeError):
@@ -35,6 +36,7 @@ class _BlockState:
         self.named = {}  # id -> [arrived, generation]
         self.waiting = {}  # thread -> description (callable returning str, or None when it can progress)
         self.allocations = {}  # (file, line) -> numpy array (pipeline barrier storage)
+        self.warps = {}  # warp -> exchange state of warp-synchronous operations
 
 
 def _thread():
@@ -58,9 +60,27 @@ def thread_index():
     return _thread().thread_id
 
 
-def caller_site(depth=2):
-    frame = traceback.extract_stack(limit=depth + 2)[0]
-    return frame.filename, frame.lineno
+_OWN_DIRS = None
+
+
+def caller_site(depth=None):
+    """(file, line) of the innermost frame outside numbatma and Numba's simulator: the kernel line that
+    called the intrinsic. (``depth`` is ignored; kept for callers.)"""
+    global _OWN_DIRS
+    if _OWN_DIRS is None:
+        import os
+
+        import numba.cuda.simulator as simulator
+
+        import numbatma
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        _OWN_DIRS = (here + os.sep, os.path.dirname(os.path.abspath(numbatma.__file__)) + os.sep,
+                     os.path.dirname(os.path.abspath(simulator.__file__)) + os.sep)
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not frame.filename.startswith(_OWN_DIRS):
+            return frame.filename, frame.lineno
+    return "<unknown>", 0
 
 
 # -- addresses -------------------------------------------------------------------------------------------------
@@ -80,7 +100,7 @@ def barrier_of(bar):
     if isinstance(bar, BarrierRef):
         return bar
     if isinstance(bar, np.ndarray):
-        site = caller_site(3)
+        site = caller_site()
         return BarrierRef(address_of(bar), f"barrier at {site[0]}:{site[1]}")
     raise TypeError(f"the mbarrier operand must be a shared uint64 array or mbarrier_ref(bars, i), got {bar!r}")
 
@@ -120,6 +140,7 @@ def mbarrier_init(bar, count):
         raise SimulatedMisuse(f"mbarrier_init: the arrival count must be in 1..2**20-1, got {count}")
     with _lock:
         block_state().barriers[ref.address] = _MBarrier(int(count), ref.name)
+        _changed.notify_all()
 
 
 def mbarrier_inval(bar):
@@ -142,6 +163,7 @@ def mbarrier_arrive(bar, count=1, tx=0):
         b.pending -= int(count)
         b.arrivals_done += int(count)
         b._maybe_complete()
+        _changed.notify_all()
         return np.uint64(token)
 
 
@@ -157,6 +179,7 @@ def mbarrier_complete_tx(bar, nbytes):
         b = _barrier_state(ref, "mbarrier_complete_tx")
         b.tx -= int(nbytes)
         b._maybe_complete()
+        _changed.notify_all()
 
 
 def _phase_done(b, parity):
@@ -179,7 +202,7 @@ def test_wait_token(bar, token):
 
 def wait_parity(bar, parity):
     ref = barrier_of(bar)
-    site = caller_site(3)
+    site = caller_site()
 
     def ready():
         return _phase_done(_barrier_state(ref, "mbarrier_wait_parity"), parity)
@@ -193,7 +216,7 @@ def wait_parity(bar, parity):
 
 def wait_token(bar, token):
     ref = barrier_of(bar)
-    site = caller_site(3)
+    site = caller_site()
 
     def ready():
         return _barrier_state(ref, "mbarrier_wait").phase > int(token)
@@ -224,29 +247,36 @@ def wait_until(ready, describe):
 
 
 def _wait_loop(me, manager, state, ready, describe):
-    while True:
-        with _lock:
-            if ready():
-                state.waiting.pop(me, None)
-                return
+    idle = 0.0
+    with _changed:
+        while not ready():
             state.waiting[me] = describe
-            live = _live_threads(manager)
-            stuck = all(t in state.waiting or getattr(t, "syncthreads_blocked", False) for t in live)
-            if stuck and not any(_ready_safely(t) for t in live if t in state.waiting):
-                lines = []
-                for t in live:
-                    where = state.waiting.get(t)
-                    what = where() if where else "cuda.syncthreads()"
-                    lines.append(f"  thread {tuple(t.threadIdx)}: {what}")
-                state.waiting.clear()
-                raise SimulatedHang(
-                    "every live thread of block " + str(tuple(me.blockIdx)) + " waits and none can proceed "
-                    "(this kernel would hang on the GPU):\n" + "\n".join(lines[:16])
-                    + (f"\n  ... and {len(lines) - 16} more" if len(lines) > 16 else "")
-                )
-        if getattr(me, "abort", False):
-            raise RuntimeError("aborted: another simulated thread failed")
-        time.sleep(0.0002)
+            if idle >= 0.05:  # nothing moved for a while: is every live thread of the block stuck?
+                _check_hang(me, manager, state)
+            if getattr(me, "abort", False):
+                raise RuntimeError("aborted: another simulated thread failed")
+            start = time.monotonic()
+            woken = _changed.wait(timeout=0.01)
+            idle = 0.0 if woken else idle + (time.monotonic() - start)
+        state.waiting.pop(me, None)
+
+
+def _check_hang(me, manager, state):
+    live = _live_threads(manager)
+    stuck = all(t in state.waiting or getattr(t, "syncthreads_blocked", False) for t in live)
+    if not stuck or any(_ready_safely(t) for t in live if t in state.waiting):
+        return
+    lines = []
+    for t in live:
+        where = state.waiting.get(t)
+        what = where() if where else "cuda.syncthreads()"
+        lines.append(f"  thread {tuple(t.threadIdx)}: {what}")
+    state.waiting.clear()
+    raise SimulatedHang(
+        "every live thread of block " + str(tuple(me.blockIdx)) + " waits and none can proceed "
+        "(this kernel would hang on the GPU):\n" + "\n".join(lines[:16])
+        + (f"\n  ... and {len(lines) - 16} more" if len(lines) > 16 else "")
+    )
 
 
 def _ready_safely(thread):
@@ -261,7 +291,7 @@ def _ready_safely(thread):
 # -- named barriers -----------------------------------------------------------------------------------------
 def named_barrier(barrier_id, threads, wait):
     state = block_state()
-    site = caller_site(3)
+    site = caller_site()
     with _lock:
         entry = state.named.setdefault(int(barrier_id), [0, 0])
         generation = entry[1]
@@ -269,6 +299,7 @@ def named_barrier(barrier_id, threads, wait):
         if entry[0] >= int(threads):
             entry[0] = 0
             entry[1] += 1
+            _changed.notify_all()
     if not wait:
         return
 
@@ -280,6 +311,73 @@ def named_barrier(barrier_id, threads, wait):
         return f"named_barrier_sync({int(barrier_id)}, {int(threads)}) at {site[0]}:{site[1]}; {n} arrived"
 
     wait_until(ready, describe)
+
+
+# -- warp-level exchange (shuffles, syncwarp) -----------------------------------------------------------
+def _warp_key():
+    t = _thread()
+    return t.thread_id // 32, t.thread_id % 32
+
+
+def warp_exchange(mask, value):
+    """Every lane named in ``mask`` contributes ``value``; returns the 32 contributions (None for lanes
+    outside the mask) once all of them have arrived - what a ``.sync`` warp instruction sees."""
+    state = block_state()
+    warp, lane = _warp_key()
+    mask = int(mask) & 0xFFFFFFFF
+    if not mask >> lane & 1:
+        raise SimulatedMisuse(f"a warp-synchronous operation was called by lane {lane}, which its mask "
+                              f"0x{mask:08x} leaves out (undefined on the GPU)")
+    site = caller_site()
+    with _lock:
+        entry = state.warps.setdefault(warp, {"generation": 0, "values": [None] * 32, "arrived": 0,
+                                                "result": None})
+        generation = entry["generation"]
+        entry["values"][lane] = value
+        entry["arrived"] += 1
+        if entry["arrived"] == bin(mask).count("1"):
+            entry["result"] = (generation, list(entry["values"]))
+            entry["values"] = [None] * 32
+            entry["arrived"] = 0
+            entry["generation"] += 1
+            _changed.notify_all()
+
+    def ready():
+        return entry["generation"] != generation
+
+    def describe():
+        return (f"warp {warp} lane {lane} in a warp-synchronous operation (mask 0x{mask:08x}) at "
+                f"{site[0]}:{site[1]}; {entry['arrived']} lanes arrived")
+
+    wait_until(ready, describe)
+    return entry["result"][1]
+
+
+def shfl(mask, value, src_lane):
+    values = warp_exchange(mask, value)
+    v = values[int(src_lane) % 32]
+    return value if v is None else v
+
+
+def shfl_xor(mask, value, lane_mask):
+    _, lane = _warp_key()
+    return shfl(mask, value, lane ^ int(lane_mask))
+
+
+def shfl_down(mask, value, delta):
+    _, lane = _warp_key()
+    src = lane + int(delta)
+    return shfl(mask, value, src) if src < 32 else (warp_exchange(mask, value), value)[1]
+
+
+def shfl_up(mask, value, delta):
+    _, lane = _warp_key()
+    src = lane - int(delta)
+    return shfl(mask, value, src) if src >= 0 else (warp_exchange(mask, value), value)[1]
+
+
+def syncwarp(mask=0xFFFFFFFF):
+    warp_exchange(mask, None)
 
 
 # -- block-shared storage keyed by call site ----------------------------------------------------------------

@@ -138,7 +138,7 @@ class SimPipeline:
 
 
 def _sim_pipeline(stages, producer_arrivals, consumer_arrivals):
-    return SimPipeline(stages, producer_arrivals, consumer_arrivals, sim().caller_site(3))
+    return SimPipeline(stages, producer_arrivals, consumer_arrivals, sim().caller_site())
 
 
 @device_op(prefer_literal=True, simulate=_sim_pipeline)

@@ -59,7 +59,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
-from numbatma import TensorMap, TensorMapError, array_layout
+from numbatma import SIMULATING, TensorMap, TensorMapError, array_layout
+from numbatma.tensormap import _simulator_memory
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
@@ -90,6 +91,8 @@ def _register_cap(warps_per_sm):
     18 x 104 neither, 18 x 83 did). Allocation is in units of 8 registers per thread."""
     per_quadrant = -(-warps_per_sm // 4)
     return min(255, 16384 // (32 * per_quadrant) // 8 * 8)
+
+
 SMEM_PER_BLOCK = 227 * 1024  # opt-in maximum per CTA on H100/H200/B200 (static + dynamic)
 SMEM_PER_SM = 228 * 1024  # per SM; the system reserves 1 KiB of it per resident CTA
 SMEM_RESERVED_PER_CTA = 1024
@@ -107,10 +110,16 @@ def _next_pow2(v):
 # -- host: views of the arrays ------------------------------------------------------------------------
 class _View:
     """A strided view of device memory exposing the CUDA Array Interface (keeps ``base`` alive). bfloat16
-    travels as uint16 (TMA moves bits; the kernels convert)."""
+    travels as uint16 (TMA moves bits; the kernels convert). Under the CUDA simulator it is a NumPy view
+    (``_ary``) of the base array's memory."""
 
     def __init__(self, base, ptr, shape, strides, dtype):
         self.base = base
+        if SIMULATING:
+            host = _simulator_memory(base)
+            item_dtype = np.dtype("<u2") if dtype.name == "bfloat16" else dtype
+            self._ary = np.ndarray(shape, item_dtype, buffer=host, strides=strides,
+                                   offset=ptr - int(host.__array_interface__["data"][0]))
         typestr = "<u2" if dtype.name == "bfloat16" else dtype.str
         self.__cuda_array_interface__ = {
             "data": (int(ptr), False),
@@ -598,7 +607,7 @@ class RowSum:
     def _out_arg(self):
         """``out`` as a 1-D numba device array (converted once)."""
         if self._out_dev is None:
-            self._out_dev = cuda.as_cuda_array(self.out_view)
+            self._out_dev = _simulator_memory(self.out_view) if SIMULATING else cuda.as_cuda_array(self.out_view)
         return self._out_dev
 
     def launch(self, stream=0):
@@ -754,7 +763,7 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
     stage_elems = kr * kc * slot
     nscratch = 2 * warps
 
-    @cuda.jit(fastmath=fastmath, max_registers=max_registers)
+    @cuda.jit(fastmath=fastmath, **({} if SIMULATING else {"max_registers": max_registers}))
     def softmax_rows_kernel(x, y, rows, n, nblocks):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         scratch = cuda.shared.array(nscratch, np.float32)

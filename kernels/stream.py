@@ -105,7 +105,7 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
             pipe.load(tile, src, coords)
         pipe.producer_commit()
 
-    @cuda.jit(lineinfo=False)
+    @cuda.jit
     def stream_copy_kernel(src, dst, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
@@ -146,7 +146,7 @@ def _copy_kernel_two_roles(stages, tile, nb_dtype):
     tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0
 
-    @cuda.jit(lineinfo=False)
+    @cuda.jit
     def stream_copy_two_roles_kernel(src, dst, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
@@ -239,7 +239,7 @@ def _axpy_kernel(stages, tile, nb_dtype):
     n = tr * tc
     lag = 1 if stages > 1 else 0
 
-    @cuda.jit(lineinfo=False)
+    @cuda.jit
     def axpy_kernel(a, x, y, out, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         # full: the producer's arrival + TMA bytes; empty: the storing consumer thread's arrival

@@ -212,7 +212,7 @@ def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stag
     src_major = order == "src"
     move = cuda.jit(device=True, inline="always")(UNITS[itemsize])
 
-    @cuda.jit(lineinfo=False)
+    @cuda.jit
     def transpose_kernel(src, dst, rows, cols, tiles_fast, ntiles):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         # full: the producer's arrival + the TMA bytes; empty: one arrival per consumer warp

@@ -21,7 +21,8 @@ The hooks:
    dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
 7. (simulator only) ``numba.cuda.simulator.kernelapi.FakeCUDAShared.array`` refuses ``alignment=``, which every
    TMA kernel passes; :func:`install_simulator` accepts it (the simulator's TMA copies place bytes relative
-   to the tile, so the alignment itself has no effect there).
+   to the tile, so the alignment itself has no effect there), and gives ``FakeCUDAModule`` the warp
+   operations it lacks (``syncwarp``, ``shfl_*_sync``) through numbatma's simulator runtime.
 6. ``numba.cuda.dispatcher.get_current_device``: compiling a device function (``cuda.jit(device=True)``,
    ``overload_method`` implementations) asks the *current device* for its compute capability, which needs a
    driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers with the compile target
@@ -211,6 +212,17 @@ def install_simulator():
 
     array._numbatma = True
     shared_cls.array = array
+
+    # Warp-synchronous operations the simulator lacks (its threads are independent): syncwarp and the
+    # shuffles, implemented by numbatma's simulator runtime as an exchange among the lanes of a warp.
+    from numbatma.intrinsics import _sim
+
+    module_cls = kernelapi.FakeCUDAModule
+    module_cls.syncwarp = staticmethod(lambda mask=0xFFFFFFFF: _sim.syncwarp(mask))
+    module_cls.shfl_sync = staticmethod(lambda mask, value, src: _sim.shfl(mask, value, src))
+    module_cls.shfl_xor_sync = staticmethod(lambda mask, value, lane_mask: _sim.shfl_xor(mask, value, lane_mask))
+    module_cls.shfl_down_sync = staticmethod(lambda mask, value, delta: _sim.shfl_down(mask, value, delta))
+    module_cls.shfl_up_sync = staticmethod(lambda mask, value, delta: _sim.shfl_up(mask, value, delta))
 
 
 # -- installation -------------------------------------------------------------------------------------
