@@ -10,6 +10,7 @@ import numpy as np
 from numba import cuda
 
 import numbatma
+from numbatma.utils import gpu_or_simulator
 from numbatma.intrinsics import (
     fence_mbarrier_init,
     mbarrier_arrive_expect_tx,
@@ -39,9 +40,7 @@ def tma_tile_load(tma, out):
 
 
 def main():
-    if not cuda.is_available():
-        print("seed_002_tile_load.py needs a CUDA GPU with TMA (compute capability 9.0+).")
-        return 0
+    gpu_or_simulator("seed_002_tile_load.py")
     a = np.random.default_rng().standard_normal((BLK_M, BLK_K)).astype(np.float16)
     d_a = cuda.to_device(a)
     out = cuda.to_device(np.full_like(a, np.nan))

@@ -10,6 +10,7 @@ import numpy as np
 from numba import cuda
 
 import numbatma
+from numbatma.utils import gpu_or_simulator
 from numbatma.intrinsics import (
     bulk_commit_group,
     bulk_wait_group,
@@ -49,9 +50,7 @@ def scale_tiles(src, dst, alpha):
 
 
 def main():
-    if not cuda.is_available():
-        print("seed_003_load_store.py needs a CUDA GPU with TMA (compute capability 9.0+).")
-        return 0
+    gpu_or_simulator("seed_003_load_store.py")
     x = np.random.default_rng().standard_normal((300, 500)).astype(np.float32)
     d_x = cuda.to_device(x)
     d_y = cuda.to_device(np.full_like(x, np.nan))

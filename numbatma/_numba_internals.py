@@ -213,6 +213,23 @@ def install_simulator():
     array._numbatma = True
     shared_cls.array = array
 
+    # A simulated device that answers what persistent kernels ask: 2 SMs (so a persistent grid gives each
+    # block several tiles), Hopper's shared-memory opt-in limit.
+    from numba.cuda.simulator.cudadrv import devices as sim_devices
+
+    sim_devices.FakeCUDADevice.MULTIPROCESSOR_COUNT = 2
+    sim_devices.FakeCUDADevice.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 232448
+
+    # cuda.libdevice functions kernels use, as NumPy (float32 in, float32 out).
+    import types as pytypes
+
+    module_cls = kernelapi.FakeCUDAModule
+    if not hasattr(module_cls, "libdevice"):
+        module_cls.libdevice = pytypes.SimpleNamespace(
+            rintf=lambda x: np.float32(np.rint(x)), rint=np.rint, expf=lambda x: np.float32(np.exp(x)),
+            exp=np.exp, fabsf=lambda x: np.float32(abs(x)), fabs=np.fabs, floorf=lambda x: np.float32(np.floor(x)),
+        )
+
     # Warp-synchronous operations the simulator lacks (its threads are independent): syncwarp and the
     # shuffles, implemented by numbatma's simulator runtime as an exchange among the lanes of a warp.
     from numbatma.intrinsics import _sim

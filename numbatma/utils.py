@@ -3,6 +3,7 @@ device-side random fill (no host round trip for large inputs)."""
 from __future__ import annotations
 
 import numpy as np
+from numba import cuda  # module level: the simulator swaps it inside kernels defined here
 
 from numbatma import SIMULATING
 
@@ -10,8 +11,6 @@ from numbatma import SIMULATING
 def gpu_problem(min_cc=(9, 0), feature="TMA", shared_bytes=0):
     """None when this process can run a kernel needing compute capability ``min_cc`` (and
     ``shared_bytes`` of shared memory per block), else a one-line reason to print."""
-    from numba import cuda
-
     need = f"compute capability {min_cc[0]}.{min_cc[1]}+"
     if SIMULATING:
         return f"the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) cannot run {feature} kernels; run it on a GPU with {need}"
@@ -28,11 +27,26 @@ def gpu_problem(min_cc=(9, 0), feature="TMA", shared_bytes=0):
     return None
 
 
+def gpu_or_simulator(script, min_cc=(9, 0), feature="TMA", shared_bytes=0):
+    """For example scripts: return normally when this process can run the kernels - on a suitable GPU, or
+    in the CUDA simulator (then ``numbatma.SIMULATING`` is true; use small shapes) - and otherwise say why
+    and re-run the script in the simulator (the variable must be set before Numba is imported)."""
+    import os
+    import sys
+
+    if SIMULATING:
+        return
+    reason = gpu_problem(min_cc, feature, shared_bytes)
+    if reason is None:
+        return
+    print(f"{script}: {reason}; running it in the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) on a small problem.",
+          flush=True)
+    os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, NUMBA_ENABLE_CUDASIM="1"))
+
+
 def median_ms(launch, warmup=2, runs=10):
     """Median time of ``launch()`` in milliseconds from CUDA events around each call, after ``warmup``
     untimed calls. (Host launch cost is included; benchmarks/bandwidth.py times blocks of launches.)"""
-    from numba import cuda
-
     for _ in range(warmup):
         launch()
     cuda.synchronize()
@@ -54,8 +68,18 @@ def fill_uniform(array, seed):
     """Fill a 2-D float32 device array with pseudo-random values in [-1, 1) on the GPU (an integer hash of
     each element's flat index and ``seed``: reproducible, no host transfer)."""
     global _fill_kernel
-    from numba import cuda
-
+    if SIMULATING:  # the same values, computed by NumPy (a simulated 1024 x 256 launch takes minutes)
+        k = np.arange(array.size, dtype=np.uint64)
+        m = np.uint64(0xFFFFFFFF)
+        h = (k * np.uint64(0x9E3779B1) + np.uint64(seed)) & m
+        h ^= h >> np.uint64(16)
+        h = (h * np.uint64(0x7FEB352D)) & m
+        h ^= h >> np.uint64(15)
+        h = (h * np.uint64(0x846CA68B)) & m
+        h ^= h >> np.uint64(16)
+        values = (h >> np.uint64(8)).astype(np.float32) * np.float32(2.0 ** -23) - np.float32(1.0)
+        array.copy_to_device(values.reshape(array.shape))
+        return
     if _fill_kernel is None:
 
         @cuda.jit
