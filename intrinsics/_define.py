@@ -163,6 +163,17 @@ def descriptor_address(builder, value):
     return builder.ptrtoint(value, ir.IntType(64))
 
 
+def emit_only(ptx, **immediates):
+    """Lowering of an operation that takes no register operands and returns nothing: emit ``ptx`` with
+    ``immediates`` spelled in."""
+
+    def codegen(context, builder, sig, args):
+        ptx.emit(builder, **immediates)
+        return context.get_dummy_value()
+
+    return codegen
+
+
 def to_i32(context, builder, ty, value):
     return context.cast(builder, value, ty, types.int32)
 

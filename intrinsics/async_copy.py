@@ -8,7 +8,16 @@ integer for 1-D arrays, a tuple otherwise), so views with strides work.
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, barrier_address, device_op, fail, require_barrier, require_literal_int, sim
+from ._define import (
+    SIMULATING,
+    barrier_address,
+    device_op,
+    emit_only,
+    fail,
+    require_barrier,
+    require_literal_int,
+    sim,
+)
 
 # The global operand is converted from a generic address inside the asm block.
 COPY_CA = Ptx(
@@ -97,18 +106,10 @@ def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     return types.void(dst, dst_index, src, src_index, nbytes), codegen
 
 
-def _plain(ptx):
-    def codegen(context, builder, sig, args):
-        ptx.emit(builder)
-        return context.get_dummy_value()
-
-    return codegen
-
-
 @device_op(simulate=lambda: None)
 def cp_async_commit_group(typingctx):
     """``cp.async.commit_group;`` - close this thread's current group of ``cp_async`` copies."""
-    return types.void(), _plain(COMMIT_GROUP)
+    return types.void(), emit_only(COMMIT_GROUP)
 
 
 @device_op(prefer_literal=True, simulate=lambda n: None)
@@ -116,18 +117,13 @@ def cp_async_wait_group(typingctx, n):
     """``cp.async.wait_group N;`` - wait until at most ``N`` (a constant, 0..7 is typical) of this thread's
     committed groups are pending. Other threads' copies are covered only after a block barrier."""
     value = require_literal_int("cp_async_wait_group", "N", n, 0, 63)
-
-    def codegen(context, builder, sig, args):
-        WAIT_GROUP.emit(builder, n=value)
-        return context.get_dummy_value()
-
-    return types.void(n), codegen
+    return types.void(n), emit_only(WAIT_GROUP, n=value)
 
 
 @device_op(simulate=lambda: None)
 def cp_async_wait_all(typingctx):
     """``cp.async.wait_all;`` - wait for all of this thread's ``cp_async`` copies."""
-    return types.void(), _plain(WAIT_ALL)
+    return types.void(), emit_only(WAIT_ALL)
 
 
 def _arrive(ptx):

@@ -3,7 +3,7 @@ proxy (descriptors)."""
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, descriptor_address, device_op, fail
+from ._define import SIMULATING, descriptor_address, device_op, emit_only, fail
 
 PROXY_ASYNC_SHARED_CTA = Ptx("fence.proxy.async.shared::cta;")
 MBARRIER_INIT = Ptx("fence.mbarrier_init.release.cluster;")
@@ -16,27 +16,19 @@ if not SIMULATING:
     from numbatma._types import CUTENSORMAP_PTR, TensorMapArrayType
 
 
-def _plain(ptx):
-    def codegen(context, builder, sig, args):
-        ptx.emit(builder)
-        return context.get_dummy_value()
-
-    return codegen
-
-
 @device_op(simulate=lambda: None)
 def fence_proxy_async_shared_cta(typingctx):
     """``fence.proxy.async.shared::cta;`` - make this thread's ordinary writes to shared memory visible
     to the async proxy. Every thread that wrote a tile executes it before the block barrier that precedes a
     TMA store of that tile."""
-    return types.void(), _plain(PROXY_ASYNC_SHARED_CTA)
+    return types.void(), emit_only(PROXY_ASYNC_SHARED_CTA)
 
 
 @device_op(simulate=lambda: None)
 def fence_mbarrier_init(typingctx):
     """``fence.mbarrier_init.release.cluster;`` - make preceding ``mbarrier_init`` visible to the async
     proxy and to other CTAs of the cluster. Use after initialising barriers, before the block barrier."""
-    return types.void(), _plain(MBARRIER_INIT)
+    return types.void(), emit_only(MBARRIER_INIT)
 
 
 @device_op(simulate=lambda descs, i: descs.tensormaps[int(i)])

@@ -14,6 +14,7 @@ from ._define import (
     coords_types,
     descriptor_address,
     device_op,
+    emit_only,
     require_barrier,
     require_int,
     require_literal_int,
@@ -86,6 +87,62 @@ def _coord_operands(context, builder, sig_coords, coords_value, rank):
     return {f"c{i}": v for i, v in enumerate(reversed(vals))}
 
 
+def _policy_operand(context, builder, sig, args, index):
+    if len(sig.args) <= index:
+        return {}
+    return {"policy": context.cast(builder, args[index], sig.args[index], types.uint64)}
+
+
+def _tile_load(op, ptx, dst, desc, coords, bar, policy=None):
+    """Typing checks and lowering of a tile load (``ptx`` by rank), with an L2 policy operand if given."""
+    require_tensormap(op, desc)
+    require_tile_matches(op, dst, desc)
+    coords_types(op, desc, coords)
+    require_barrier(op, bar)
+    operands = (dst, desc, coords, bar)
+    if policy is not None:
+        require_int(op, "the cache policy", policy)
+        operands += (policy,)
+    rank = desc.rank
+
+    def codegen(context, builder, sig, args):
+        ptx[rank].emit(
+            builder,
+            dst=shared_address(context, builder, sig.args[0], args[0]),
+            tmap=descriptor_address(builder, args[1]),
+            bar=barrier_address(context, builder, sig.args[3], args[3]),
+            **_policy_operand(context, builder, sig, args, 4),
+            **_coord_operands(context, builder, sig.args[2], args[2], rank),
+        )
+        return context.get_dummy_value()
+
+    return types.void(*operands), codegen
+
+
+def _tile_store(op, ptx, desc, coords, src, policy=None):
+    """Typing checks and lowering of a tile store (``ptx`` by rank), with an L2 policy operand if given."""
+    require_tensormap(op, desc)
+    coords_types(op, desc, coords)
+    require_tile_matches(op, src, desc)
+    operands = (desc, coords, src)
+    if policy is not None:
+        require_int(op, "the cache policy", policy)
+        operands += (policy,)
+    rank = desc.rank
+
+    def codegen(context, builder, sig, args):
+        ptx[rank].emit(
+            builder,
+            tmap=descriptor_address(builder, args[0]),
+            src=shared_address(context, builder, sig.args[2], args[2]),
+            **_policy_operand(context, builder, sig, args, 3),
+            **_coord_operands(context, builder, sig.args[1], args[1], rank),
+        )
+        return context.get_dummy_value()
+
+    return types.void(*operands), codegen
+
+
 @device_op(simulate=lambda dst, desc, coords, bar: sim().tma_load(dst, desc, coords, bar))
 def tma_load(typingctx, dst, desc, coords, bar):
     """Start a TMA load of the box at ``coords`` of ``desc`` into the shared tile ``dst``; completion is
@@ -100,25 +157,7 @@ def tma_load(typingctx, dst, desc, coords, bar):
     before waiting on ``bar``. Typing checks: ``dst`` is a shared array of the descriptor's dtype and (when
     its shape is static) exactly one box in size; ``coords`` has one integer per dimension.
     """
-    op = "tma_load"
-    require_tensormap(op, desc)
-    require_tile_matches(op, dst, desc)
-    coords_types(op, desc, coords)
-    require_barrier(op, bar)
-    rank = desc.rank
-
-    def codegen(context, builder, sig, args):
-        ops = _coord_operands(context, builder, sig.args[2], args[2], rank)
-        LOAD_TILE[rank].emit(
-            builder,
-            dst=shared_address(context, builder, sig.args[0], args[0]),
-            tmap=descriptor_address(builder, args[1]),
-            bar=barrier_address(context, builder, sig.args[3], args[3]),
-            **ops,
-        )
-        return context.get_dummy_value()
-
-    return types.void(dst, desc, coords, bar), codegen
+    return _tile_load("tma_load", LOAD_TILE, dst, desc, coords, bar)
 
 
 @device_op(simulate=lambda desc, coords, src: sim().tma_store(desc, coords, src))
@@ -131,23 +170,7 @@ def tma_store(typingctx, desc, coords, src):
     ``bulk_wait_group_read`` says the store has read it; ``bulk_commit_group()`` follows and
     ``bulk_wait_group(0)`` before the kernel relies on the data being in global memory.
     """
-    op = "tma_store"
-    require_tensormap(op, desc)
-    coords_types(op, desc, coords)
-    require_tile_matches(op, src, desc)
-    rank = desc.rank
-
-    def codegen(context, builder, sig, args):
-        ops = _coord_operands(context, builder, sig.args[1], args[1], rank)
-        STORE_TILE[rank].emit(
-            builder,
-            tmap=descriptor_address(builder, args[0]),
-            src=shared_address(context, builder, sig.args[2], args[2]),
-            **ops,
-        )
-        return context.get_dummy_value()
-
-    return types.void(desc, coords, src), codegen
+    return _tile_store("tma_store", STORE_TILE, desc, coords, src)
 
 
 @device_op(simulate=lambda dst, desc, coords, bar, policy: sim().tma_load(dst, desc, coords, bar))
@@ -155,64 +178,21 @@ def tma_load_hinted(typingctx, dst, desc, coords, bar, policy):
     """``tma_load`` with an L2 cache policy (``policy`` from ``l2_policy_evict_first()`` etc.):
     ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint
     [dst], [desc, {...}], [bar], policy;``. Same caller guarantees as ``tma_load``."""
-    op = "tma_load_hinted"
-    require_tensormap(op, desc)
-    require_tile_matches(op, dst, desc)
-    coords_types(op, desc, coords)
-    require_barrier(op, bar)
-    require_int(op, "the cache policy", policy)
-    rank = desc.rank
-
-    def codegen(context, builder, sig, args):
-        ops = _coord_operands(context, builder, sig.args[2], args[2], rank)
-        LOAD_TILE_HINT[rank].emit(
-            builder,
-            dst=shared_address(context, builder, sig.args[0], args[0]),
-            tmap=descriptor_address(builder, args[1]),
-            bar=barrier_address(context, builder, sig.args[3], args[3]),
-            policy=context.cast(builder, args[4], sig.args[4], types.uint64),
-            **ops,
-        )
-        return context.get_dummy_value()
-
-    return types.void(dst, desc, coords, bar, policy), codegen
+    return _tile_load("tma_load_hinted", LOAD_TILE_HINT, dst, desc, coords, bar, policy)
 
 
 @device_op(simulate=lambda desc, coords, src, policy: sim().tma_store(desc, coords, src))
 def tma_store_hinted(typingctx, desc, coords, src, policy):
     """``tma_store`` with an L2 cache policy: ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group
     .L2::cache_hint [desc, {...}], [src], policy;``. Same caller guarantees as ``tma_store``."""
-    op = "tma_store_hinted"
-    require_tensormap(op, desc)
-    coords_types(op, desc, coords)
-    require_tile_matches(op, src, desc)
-    require_int(op, "the cache policy", policy)
-    rank = desc.rank
-
-    def codegen(context, builder, sig, args):
-        ops = _coord_operands(context, builder, sig.args[1], args[1], rank)
-        STORE_TILE_HINT[rank].emit(
-            builder,
-            tmap=descriptor_address(builder, args[0]),
-            src=shared_address(context, builder, sig.args[2], args[2]),
-            policy=context.cast(builder, args[3], sig.args[3], types.uint64),
-            **ops,
-        )
-        return context.get_dummy_value()
-
-    return types.void(desc, coords, src, policy), codegen
+    return _tile_store("tma_store_hinted", STORE_TILE_HINT, desc, coords, src, policy)
 
 
 @device_op(simulate=lambda: None)
 def bulk_commit_group(typingctx):
     """``cp.async.bulk.commit_group;`` - close the current bulk group (the TMA stores issued by this
     thread since the last commit)."""
-
-    def codegen(context, builder, sig, args):
-        COMMIT_GROUP.emit(builder)
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return types.void(), emit_only(COMMIT_GROUP)
 
 
 @device_op(prefer_literal=True, simulate=lambda n: None)
@@ -220,12 +200,7 @@ def bulk_wait_group(typingctx, n):
     """``cp.async.bulk.wait_group N;`` - wait until at most ``N`` of this thread's bulk groups are pending
     (their writes to global memory done). ``N`` is a compile-time constant in 0..63."""
     value = require_literal_int("bulk_wait_group", "N", n, 0, 63)
-
-    def codegen(context, builder, sig, args):
-        WAIT_GROUP.emit(builder, n=value)
-        return context.get_dummy_value()
-
-    return types.void(n), codegen
+    return types.void(n), emit_only(WAIT_GROUP, n=value)
 
 
 @device_op(prefer_literal=True, simulate=lambda n: None)
@@ -233,12 +208,7 @@ def bulk_wait_group_read(typingctx, n):
     """``cp.async.bulk.wait_group.read N;`` - wait until at most ``N`` bulk groups still *read* their shared
     source, so that shared memory may be reused. ``N`` is a compile-time constant in 0..63."""
     value = require_literal_int("bulk_wait_group_read", "N", n, 0, 63)
-
-    def codegen(context, builder, sig, args):
-        WAIT_GROUP_READ.emit(builder, n=value)
-        return context.get_dummy_value()
-
-    return types.void(n), codegen
+    return types.void(n), emit_only(WAIT_GROUP_READ, n=value)
 
 
 PTX = {

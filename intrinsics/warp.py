@@ -3,7 +3,7 @@ subset of the block's warps, and moving registers between warpgroups (``setmaxnr
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, to_u32, sim
+from ._define import SIMULATING, device_op, emit_only, fail, require_int, require_literal_int, sim, to_u32
 
 ELECT_ONE = Ptx(
     "{ .reg .pred p; .reg .b32 lane; elect.sync lane|p, 0xffffffff; selp.u32 $elected, 1, 0, p; }",
@@ -76,11 +76,7 @@ def _setmaxnreg(op, ptx, regs):
     if value % 8:
         fail(op, f"the register count must be a multiple of 8 in 24..256, got {value}")
 
-    def codegen(context, builder, sig, args):
-        ptx.emit(builder, regs=value)
-        return context.get_dummy_value()
-
-    return types.void(regs), codegen
+    return types.void(regs), emit_only(ptx, regs=value)
 
 
 @device_op(prefer_literal=True, simulate=lambda regs: None)

@@ -428,9 +428,9 @@ class TensorMap:
             )
             from cuda.core.utils import StridedMemoryView
 
-            view = StridedMemoryView.from_any_interface(self._array, stream_ptr=-1)
-            if any(n == 1 for n in self.shape):  # encode the strides numbatma validated (see array_layout)
-                view = StridedMemoryView.from_any_interface(_LayoutArray(self._layout), stream_ptr=-1)
+            # With extent-1 dimensions, encode the strides numbatma validated (see array_layout).
+            source = _LayoutArray(self._layout) if 1 in self.shape else self._array
+            view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
             self._descriptor = view.as_tensor_map(
                 self.box,
                 element_strides=self.element_strides,
