@@ -5,6 +5,11 @@ import functools
 
 from numbatma import TensorMapError, array_layout
 
+# Shared memory on H100/H200 (and B200): per-block opt-in maximum (static + dynamic), and per SM (the
+# system keeps 1 KiB of it per resident CTA).
+SMEM_PER_BLOCK = 227 * 1024
+SMEM_PER_SM = 228 * 1024
+
 
 @functools.lru_cache(maxsize=None)
 def sm_count(device_id=None):

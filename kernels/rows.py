@@ -72,7 +72,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid, require_store_target
+from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_store_target
 
 __all__ = ["RowSum", "Softmax", "row_sum", "softmax"]
 
@@ -93,8 +93,6 @@ def _register_cap(warps_per_sm):
     return min(255, 16384 // (32 * per_quadrant) // 8 * 8)
 
 
-SMEM_PER_BLOCK = 227 * 1024  # opt-in maximum per CTA on H100/H200/B200 (static + dynamic)
-SMEM_PER_SM = 228 * 1024  # per SM; the system reserves 1 KiB of it per resident CTA
 SMEM_RESERVED_PER_CTA = 1024
 BOX_ALIGN = 128  # a TMA tile in shared memory starts on a 128-byte boundary
 

@@ -43,7 +43,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid, require_store_target
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_store_target
 
 __all__ = ["Laplacian5", "laplacian5"]
 
@@ -53,7 +53,7 @@ DEFAULT_TILE = {"float32": (16, 248), "float64": (16, 124)}  # (16, 248) fp32: b
 DEFAULT_STAGES = 4
 DEFAULT_CONSUMER_WARPS = 4
 DEFAULT_CTAS_PER_SM = 2
-MAX_SHARED_BYTES = 227 * 1024  # Hopper's per-block opt-in maximum (dynamic + static)
+MAX_SHARED_BYTES = SMEM_PER_BLOCK  # dynamic + static
 _ALIGN = 128  # every TMA buffer starts on a 128-byte boundary
 _STATIC_SMEM = 2048  # static shared memory of the kernel as ptxas reports it (mbarriers + alignment)
 _NAMED_BARRIER = 1  # id 0 is __syncthreads

@@ -28,12 +28,12 @@ from numbatma.intrinsics import (
     tma_store_hinted,
 )
 
-from ._launch import ceil_div, persistent_grid, require_store_target, same_layout
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_store_target, same_layout
 
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
 
 MAX_BOX = 256
-SMEM_LIMIT = 227 * 1024 - 1024  # per-block opt-in maximum on H100/H200, less the pipeline's static barriers
+SMEM_LIMIT = SMEM_PER_BLOCK - 1024  # less the pipeline's static barriers
 
 
 # -- host side: 2-D views and tiles ---------------------------------------------------------------------

@@ -46,7 +46,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import ceil_div, persistent_grid, require_store_target
+from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_store_target
 
 __all__ = ["Transpose", "transpose", "default_tile", "UNIT_SHAPES"]
 
@@ -55,7 +55,7 @@ ITEMSIZES = (2, 4, 8)
 UNIT_SHAPES = {4: (32, 32), 2: (64, 64), 8: (32, 16)}
 DEFAULT_TILES = {4: (64, 64), 2: (128, 128), 8: (64, 32)}
 MAX_BOX = 256
-SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on Hopper (sm_90)
+SMEM_LIMIT = SMEM_PER_BLOCK
 ORDERS = ("src", "dst")
 
 
@@ -385,7 +385,7 @@ class Transpose:
         self.threads = 32 * (consumer_warps + 1)
         self.smem = self.geometry.smem
         if self.ctas_per_sm is None:  # two CTAs per SM when two fit (measured faster on an H200)
-            self.ctas_per_sm = 2 if 2 * (self.smem + 2048) <= 228 * 1024 else 1
+            self.ctas_per_sm = 2 if 2 * (self.smem + 2048) <= SMEM_PER_SM else 1
         self.nbytes = 2 * m * n * itemsize  # read + written
         tm, tn = self.tile
         w = self.geometry.W
