@@ -152,8 +152,10 @@ def Pipeline(typingctx, stages, producer_arrivals, consumer_arrivals):  # noqa: 
     the arrival counts match how many threads call ``producer_commit*`` / ``consumer_release`` per stage."""
     op = "Pipeline"
     n = require_literal_int(op, "the number of stages", stages, 1, MAX_STAGES)
-    require_int(op, "producer_arrivals", producer_arrivals)
-    require_int(op, "consumer_arrivals", consumer_arrivals)
+    for what, ty in (("producer_arrivals", producer_arrivals), ("consumer_arrivals", consumer_arrivals)):
+        require_int(op, what, ty)
+        if isinstance(ty, types.IntegerLiteral):  # a barrier expecting 0 (or 2**20+) arrivals is undefined
+            require_literal_int(op, what, ty, 1, (1 << 20) - 1)
     init = _init_ptx(n)
 
     def codegen(context, builder, sig, args):

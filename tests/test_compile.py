@@ -324,6 +324,10 @@ def k_pipeline_runtime_stages(n):
     Pipeline(n, 1, 1)
 
 
+def k_pipeline_no_consumers():
+    Pipeline(2, 1, 0)
+
+
 def k_pipeline_wrong_tile(d):
     ring = cuda.shared.array(0, np.float32, alignment=1024)
     pipe = Pipeline(2, 1, 1)
@@ -358,6 +362,7 @@ def k_cp_async_from_shared():
 
 def test_typing_errors_pipeline_and_friends():
     _expect_typing_error(k_pipeline_runtime_stages, (types.int32,), "Pipeline", "compile-time constant")
+    _expect_typing_error(k_pipeline_no_consumers, (), "consumer_arrivals must be in 1..1048575, got 0")
     _expect_typing_error(k_pipeline_wrong_tile, (D2.numba_type,), "1024 bytes", "2048 bytes")
     _expect_typing_error(k_shared_view_runtime_shape, (types.int32,), "shared_view", "compile-time constant")
     _expect_typing_error(k_setmaxnreg_odd, (), "multiple of 8")
