@@ -4,16 +4,24 @@ The simulator runs one block at a time, each thread a Python thread. This module
 state of every mbarrier (keyed by its shared-memory address), named barriers, the pipelines' barrier
 storage, and which threads are waiting on what - so that a wait that can never complete raises
 :class:`SimulatedHang` naming the barrier, its phase, the arrivals and the transaction bytes, instead of
-hanging. Asynchronous copies complete when they are issued (their bytes land at once), so a block is
-hung exactly when every live thread waits and nothing it waits on can complete.
+hanging. Asynchronous copies move their bytes when they are issued, so a block is hung exactly when every
+live thread waits and nothing it waits on can complete.
+
+What is asynchronous on the GPU stays checkable: every copy in flight is recorded with the shared-memory
+bytes it touches and what completes it (a barrier phase, a bulk group, a cp.async group). Shared arrays in
+the simulator are :class:`SharedArray` views that check each read and write against those records and each
+thread's *knowledge* (the barrier phases it has waited for, passed on through block barriers), so a kernel
+that reads a tile before waiting for it, waits on the wrong parity, overwrites a tile a TMA store is still
+reading, or stores a tile written without ``fence.proxy.async`` gets :class:`SimulatedMisuse` naming the
+access, instead of a result that depends on timing.
 
 Only imported under the simulator; the GPU path never touches it.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
-import traceback
 
 import numpy as np
 
@@ -37,6 +45,10 @@ class _BlockState:
         self.waiting = {}  # thread -> description (callable returning str, or None when it can progress)
         self.allocations = {}  # (file, line) -> numpy array (pipeline barrier storage)
         self.warps = {}  # warp -> exchange state of warp-synchronous operations
+        self.fills = []  # _Fill: shared bytes an asynchronous copy writes, until a thread may read them
+        self.reads = []  # _StoreRead: shared bytes a TMA store still reads, until its group is waited for
+        self.sync_pool = {}  # knowledge published at block barriers (key -> phases known complete)
+        self.hang_checked = 0.0  # time of the last hang check
 
 
 def _thread():
@@ -48,10 +60,15 @@ def block_state():
     manager = getattr(_thread(), "_manager", None)
     if manager is None:
         raise RuntimeError("numbatma intrinsics can only run inside a kernel launched in the CUDA simulator")
+    state = getattr(manager, "_numbatma_state", None)
+    if state is not None:
+        return state
     with _lock:
         state = getattr(manager, "_numbatma_state", None)
         if state is None:
+            global _tracked
             state = manager._numbatma_state = _BlockState()
+            _tracked = 0  # blocks run one after another: the previous block's records are gone
         return state
 
 
@@ -77,10 +94,22 @@ def caller_site(depth=None):
         here = os.path.dirname(os.path.abspath(__file__))
         _OWN_DIRS = (here + os.sep, os.path.dirname(os.path.abspath(numbatma.__file__)) + os.sep,
                      os.path.dirname(os.path.abspath(simulator.__file__)) + os.sep)
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        if not frame.filename.startswith(_OWN_DIRS):
-            return frame.filename, frame.lineno
+    frame = sys._getframe(1)
+    while frame is not None:  # (frames, not traceback.extract_stack: that reads source files)
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_OWN_DIRS):
+            return filename, frame.f_lineno
+        frame = frame.f_back
     return "<unknown>", 0
+
+
+def describe_site(site):
+    """``'bar' (declared at file:line)`` for the kernel line ``bar = cuda.shared.array(...)``."""
+    import linecache
+    import re
+
+    m = re.match(r"\s*([A-Za-z_]\w*)\s*=", linecache.getline(site[0], site[1]))
+    return (f"'{m.group(1)}' " if m else "") + f"(declared at {site[0]}:{site[1]})"
 
 
 # -- addresses -------------------------------------------------------------------------------------------------
@@ -100,8 +129,8 @@ def barrier_of(bar):
     if isinstance(bar, BarrierRef):
         return bar
     if isinstance(bar, np.ndarray):
-        site = caller_site()
-        return BarrierRef(address_of(bar), f"barrier at {site[0]}:{site[1]}")
+        site = getattr(bar, "__dict__", {}).get("_numbatma_site") or caller_site()
+        return BarrierRef(address_of(bar), f"mbarrier {describe_site(site)}")
     raise TypeError(f"the mbarrier operand must be a shared uint64 array or mbarrier_ref(bars, i), got {bar!r}")
 
 
@@ -114,16 +143,28 @@ class _MBarrier:
         self.phase = 0  # number of completed phases
         self.name = name
         self.arrivals_done = 0
+        self.waiters = 0
+        self.carried = {}  # knowledge of the threads that arrived in the current phase (release)
+        self.released = {}  # knowledge a thread acquires by seeing a phase complete
 
     def _maybe_complete(self):
         if self.pending == 0 and self.tx == 0:
             self.phase += 1
             self.pending = self.count
             self.arrivals_done = 0
+            _merge(self.released, self.carried)
+            self.carried = {}
 
     def describe(self):
-        return (f"{self.name}: phase {self.phase} (parity {self.phase & 1}) waits for {self.count} arrivals "
+        text = (f"{self.name}: phase {self.phase} (parity {self.phase & 1}) waits for {self.count} arrivals "
                 f"(got {self.arrivals_done}) and has {self.tx} transaction bytes outstanding")
+        if self.tx > 0 and self.pending == 0:
+            text += (f" - every arrival is in, but the copies delivered {self.tx} bytes fewer than expect_tx "
+                     f"announced (the expect_tx total differs from the bytes delivered)")
+        elif self.tx < 0:
+            text += (f" - the copies delivered {-self.tx} bytes more than expect_tx announced (the expect_tx "
+                     f"total differs from the bytes delivered)")
+        return text
 
 
 def _barrier_state(ref, op):
@@ -139,14 +180,25 @@ def mbarrier_init(bar, count):
     if not 1 <= int(count) < (1 << 20):
         raise SimulatedMisuse(f"mbarrier_init: the arrival count must be in 1..2**20-1, got {count}")
     with _lock:
-        block_state().barriers[ref.address] = _MBarrier(int(count), ref.name)
+        state = block_state()
+        old = state.barriers.get(ref.address)
+        if old is not None and (old.arrivals_done or old.tx or old.waiters):
+            raise SimulatedMisuse(
+                f"mbarrier_init re-initialises {old.describe()}, while it is in use"
+                + (f" ({old.waiters} thread(s) waiting on it)" if old.waiters else "")
+                + "; on the GPU this is undefined. Re-initialise a barrier only when its phase is complete and "
+                  "nobody waits on it (mbarrier_inval first)"
+            )
+        state.barriers[ref.address] = _MBarrier(int(count), ref.name)
         _changed.notify_all()
 
 
 def mbarrier_inval(bar):
     ref = barrier_of(bar)
     with _lock:
-        block_state().barriers.pop(ref.address, None)
+        old = block_state().barriers.pop(ref.address, None)
+        if old is not None and old.waiters:
+            raise SimulatedMisuse(f"mbarrier_inval of {old.describe()}, while {old.waiters} thread(s) wait on it")
 
 
 def mbarrier_arrive(bar, count=1, tx=0):
@@ -162,6 +214,7 @@ def mbarrier_arrive(bar, count=1, tx=0):
             )
         b.pending -= int(count)
         b.arrivals_done += int(count)
+        _merge(b.carried, knowledge(_thread()))
         b._maybe_complete()
         _changed.notify_all()
         return np.uint64(token)
@@ -174,12 +227,15 @@ def mbarrier_expect_tx(bar, nbytes):
 
 
 def mbarrier_complete_tx(bar, nbytes):
+    """Deliver ``nbytes`` to the current phase of ``bar``; returns (barrier, phase it counted towards)."""
     ref = barrier_of(bar)
     with _lock:
         b = _barrier_state(ref, "mbarrier_complete_tx")
+        phase = b.phase
         b.tx -= int(nbytes)
         b._maybe_complete()
         _changed.notify_all()
+        return b, phase
 
 
 def _phase_done(b, parity):
@@ -188,44 +244,70 @@ def _phase_done(b, parity):
     return (b.phase & 1) != (int(parity) & 1)
 
 
+def _observe(b, how, phase=None):
+    """The calling thread saw every phase of ``b`` before ``phase`` (default: its current one) complete."""
+    phase = b.phase if phase is None else phase
+    me = _thread()
+    seen = knowledge(me)
+    _merge(seen, b.released)
+    if seen.get(b, 0) < phase:
+        seen[b] = phase
+    me.__dict__.setdefault("_numbatma_last_wait", {})[b] = (how, phase)
+
+
 def test_wait_parity(bar, parity):
     ref = barrier_of(bar)
+    site = caller_site()
     with _lock:
-        return _phase_done(_barrier_state(ref, "mbarrier_test_wait_parity"), parity)
+        b = _barrier_state(ref, "mbarrier_test_wait_parity")
+        done = _phase_done(b, parity)
+        if done:
+            _observe(b, f"a test/try wait with parity {int(parity) & 1} at {site[0]}:{site[1]}")
+        return done
 
 
 def test_wait_token(bar, token):
     ref = barrier_of(bar)
+    site = caller_site()
     with _lock:
-        return _barrier_state(ref, "mbarrier_test_wait").phase > int(token)
+        b = _barrier_state(ref, "mbarrier_test_wait")
+        done = b.phase > int(token)
+        if done:
+            _observe(b, f"a test wait with the token of phase {int(token)} at {site[0]}:{site[1]}")
+        return done
+
+
+def _wait_on(ref, op, ready_for, what):
+    site = caller_site()
+    with _lock:
+        b = _barrier_state(ref, op)
+        b.waiters += 1
+    seen = []
+    try:
+        def ready():
+            b = _barrier_state(ref, op)
+            if ready_for(b):
+                seen.append(b.phase)
+                return True
+            return False
+
+        def describe():
+            return f"{op}({ref.name}, {what}) at {site[0]}:{site[1]}; {block_state().barriers[ref.address].describe()}"
+
+        wait_until(ready, describe)
+    finally:
+        with _lock:
+            b.waiters -= 1
+    with _lock:
+        _observe(b, f"{op} with {what} at {site[0]}:{site[1]}", seen[-1])
 
 
 def wait_parity(bar, parity):
-    ref = barrier_of(bar)
-    site = caller_site()
-
-    def ready():
-        return _phase_done(_barrier_state(ref, "mbarrier_wait_parity"), parity)
-
-    def describe():
-        b = block_state().barriers[ref.address]
-        return f"mbarrier_wait_parity({ref.name}, parity {int(parity) & 1}) at {site[0]}:{site[1]}; {b.describe()}"
-
-    wait_until(ready, describe)
+    _wait_on(barrier_of(bar), "mbarrier_wait_parity", lambda b: _phase_done(b, parity), f"parity {int(parity) & 1}")
 
 
 def wait_token(bar, token):
-    ref = barrier_of(bar)
-    site = caller_site()
-
-    def ready():
-        return _barrier_state(ref, "mbarrier_wait").phase > int(token)
-
-    def describe():
-        b = block_state().barriers[ref.address]
-        return f"mbarrier_wait({ref.name}, token of phase {int(token)}) at {site[0]}:{site[1]}; {b.describe()}"
-
-    wait_until(ready, describe)
+    _wait_on(barrier_of(bar), "mbarrier_wait", lambda b: b.phase > int(token), f"the token of phase {int(token)}")
 
 
 # -- waiting and hang detection ------------------------------------------------------------------------------
@@ -252,11 +334,14 @@ def _wait_loop(me, manager, state, ready, describe):
         while not ready():
             state.waiting[me] = describe
             if idle >= 0.05:  # nothing moved for a while: is every live thread of the block stuck?
-                _check_hang(me, manager, state)
+                now = time.monotonic()
+                if now - state.hang_checked >= 0.05:  # (one check per block at a time, not one per thread)
+                    state.hang_checked = now
+                    _check_hang(me, manager, state)
             if getattr(me, "abort", False):
                 raise RuntimeError("aborted: another simulated thread failed")
             start = time.monotonic()
-            woken = _changed.wait(timeout=0.01)
+            woken = _changed.wait(timeout=0.02)
             idle = 0.0 if woken else idle + (time.monotonic() - start)
         state.waiting.pop(me, None)
 
@@ -288,10 +373,260 @@ def _ready_safely(thread):
         return True
 
 
+# -- shared-memory hazards -------------------------------------------------------------------------------------
+_tracked = 0  # fills and store reads recorded in the running block (0: reads need no check)
+
+
+class SharedArray(np.ndarray):
+    """Simulated shared memory: ``cuda.shared.array`` returns this view of a NumPy buffer. Every element
+    access is checked against the asynchronous copies in flight (see the module docstring); writes also
+    record, per thread, the bytes written since its last ``fence_proxy_async_shared_cta``."""
+
+    def __getitem__(self, index):
+        value = np.ndarray.__getitem__(self, index)
+        if _tracked and not (isinstance(value, np.ndarray) and value.base is not None):  # a view reads nothing
+            lo, hi = _span(self, index, value)
+            _check_read(lo, hi, "reads")
+        return value
+
+    def __setitem__(self, index, value):
+        np.ndarray.__setitem__(self, index, value)
+        lo, hi = _span(self, index, None)
+        me = _thread()
+        unfenced = me.__dict__.get("_numbatma_unfenced")
+        me._numbatma_unfenced = (lo, hi) if unfenced is None else (min(lo, unfenced[0]), max(hi, unfenced[1]))
+        if _tracked:
+            _check_read(lo, hi, "writes")
+            for r in block_state().reads:
+                if r.lo < hi and lo < r.hi:
+                    raise SimulatedMisuse(
+                        f"thread {_who(me)} writes shared bytes [{lo - r.lo}, {hi - r.lo}) of a tile that the TMA "
+                        f"store issued at {r.site} by thread {_who(r.thread)} may still be reading: that thread "
+                        f"must bulk_commit_group and bulk_wait_group_read (then a block barrier) before the "
+                        f"tile is written again"
+                    )
+
+
+def _who(thread):
+    return tuple(thread.threadIdx)
+
+
+def bounds(array):
+    """Byte range [lo, hi) of an array's elements."""
+    lo = hi = int(array.__array_interface__["data"][0])
+    for n, st in zip(array.shape, array.strides):
+        if n == 0:
+            return lo, lo
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + array.itemsize
+
+
+def _span(array, index, value):
+    """Byte range of ``array[index]`` (``value``: the result of the read, or None)."""
+    base = array.__dict__.get("_numbatma_base")
+    if base is None:
+        base = array._numbatma_base = int(array.__array_interface__["data"][0])
+    try:
+        if type(index) is not tuple:
+            index = (index,)
+        if len(index) == array.ndim:
+            offset = 0
+            for i, n, st in zip(index, array.shape, array.strides):
+                i = int(i)  # a slice or an array raises TypeError: handled below
+                offset += (i + n if i < 0 else i) * st
+            return base + offset, base + offset + array.itemsize
+    except TypeError:
+        pass
+    view = np.ndarray.__getitem__(array, index) if value is None else value
+    if isinstance(view, np.ndarray) and view.size and np.shares_memory(view, array):
+        return bounds(view)
+    return bounds(array)  # fancy indexing: the whole array, conservatively
+
+
+def knowledge(thread):
+    """What ``thread`` knows complete: key (a barrier, or a thread's cp.async groups) -> phases complete."""
+    seen = thread.__dict__.get("_numbatma_seen")
+    if seen is None:
+        seen = thread._numbatma_seen = {}
+    return seen
+
+
+def _merge(into, other):
+    for key, phase in other.items():
+        if into.get(key, 0) < phase:
+            into[key] = phase
+
+
+def publish_knowledge(thread):
+    """Before a block barrier: what this thread knows becomes known to everyone passing the barrier."""
+    if getattr(thread, "_manager", None) is None:
+        return
+    with _lock:
+        _merge(block_state().sync_pool, knowledge(thread))
+
+
+def absorb_knowledge(thread):
+    """After a block barrier: learn what the threads that passed it knew."""
+    if getattr(thread, "_manager", None) is None:
+        return
+    with _lock:
+        _merge(knowledge(thread), block_state().sync_pool)
+
+
+class _Fill:
+    """Shared bytes [lo, hi) an asynchronous copy writes; readable by a thread that knows one of
+    ``completions`` ((key, phase): the copy completes with phase ``phase`` of ``key``)."""
+
+    def __init__(self, lo, hi, what, completions):
+        self.lo, self.hi, self.what, self.completions = lo, hi, what, completions
+
+    def visible(self, seen):
+        return any(seen.get(key, 0) > phase for key, phase in self.completions)
+
+
+class _StoreRead:
+    """Shared bytes [lo, hi) a TMA store of ``thread`` reads until its bulk group is waited for."""
+
+    def __init__(self, lo, hi, thread, site):
+        self.lo, self.hi, self.thread, self.site = lo, hi, thread, site
+        self.group = None  # set by bulk_commit_group
+
+
+def _track(delta):
+    global _tracked
+    _tracked += delta
+
+
+def _check_read(lo, hi, verb):
+    me = _thread()
+    state = block_state()
+    seen = knowledge(me)
+    for f in state.fills:
+        if f.lo < hi and lo < f.hi and not f.visible(seen):
+            raise SimulatedMisuse(f"thread {_who(me)} {verb} shared bytes [{lo - f.lo}, {hi - f.lo}) of {f.what}, "
+                                  f"before that copy is known complete: {_missing_wait(me, f)}")
+
+
+def _missing_wait(me, fill):
+    key, phase = fill.completions[0]
+    if isinstance(key, _MBarrier):
+        text = (f"it completes phase {phase} (parity {phase & 1}) of {key.name}, and this thread has not waited "
+                f"for that phase (nor passed a block barrier after a thread that did)")
+        last = me.__dict__.get("_numbatma_last_wait", {}).get(key)
+        if last is not None and last[1] <= phase:
+            text += (f"; its last wait on that barrier, {last[0]}, returned for phase {last[1] - 1} - a wait on the "
+                     f"parity of a completed phase returns at once with stale data (wrong parity?)")
+        return text
+    return ("this thread's cp.async copies complete at its cp_async_wait_group / cp_async_wait_all (other threads: "
+            "after a block barrier that follows it)")
+
+
+def _add_fill(lo, hi, what, completions):
+    state = block_state()
+    for r in state.reads:
+        if r.lo < hi and lo < r.hi:
+            raise SimulatedMisuse(
+                f"{what} overwrites shared bytes that the TMA store issued at {r.site} by thread {_who(r.thread)} "
+                f"may still be reading: wait for it with bulk_wait_group_read (and a block barrier) first"
+            )
+    kept = [f for f in state.fills if not (lo <= f.lo and f.hi <= hi)]
+    _track(len(kept) - len(state.fills) + 1)
+    kept.append(_Fill(lo, hi, what, completions))
+    state.fills = kept
+    for t in _live_threads(_thread()._manager):  # bytes the copy replaces need no fence any more
+        unfenced = t.__dict__.get("_numbatma_unfenced")
+        if unfenced is not None and lo <= unfenced[0] and unfenced[1] <= hi:
+            t._numbatma_unfenced = None
+
+
+def fence_proxy_async():
+    _thread()._numbatma_unfenced = None
+
+
+def _check_store_source(lo, hi, op):
+    me = _thread()
+    _check_read(lo, hi, f"{op} reads")
+    for t in _live_threads(me._manager):
+        unfenced = t.__dict__.get("_numbatma_unfenced")
+        if unfenced is not None and unfenced[0] < hi and lo < unfenced[1]:
+            who = "this thread" if t is me else f"thread {_who(t)}"
+            raise SimulatedMisuse(
+                f"thread {_who(me)}: {op} from a shared tile that {who} wrote (bytes [{max(unfenced[0], lo) - lo}, "
+                f"{min(unfenced[1], hi) - lo}) of it) without fence_proxy_async_shared_cta afterwards: the TMA unit "
+                f"may read the old bytes. Every writing thread fences, then a block barrier, then the store"
+            )
+
+
+def _add_store_read(lo, hi, site):
+    state = block_state()
+    me = _thread()
+    state.reads.append(_StoreRead(lo, hi, me, f"{site[0]}:{site[1]}"))
+    _track(1)
+
+
+def bulk_commit_group():
+    me = _thread()
+    groups = me.__dict__.setdefault("_numbatma_bulk_groups", 0)
+    with _lock:
+        for r in block_state().reads:
+            if r.thread is me and r.group is None:
+                r.group = groups
+    me._numbatma_bulk_groups = groups + 1
+
+
+def bulk_wait_group(n):
+    """``cp.async.bulk.wait_group(.read) n``: every bulk group of this thread but the newest ``n`` is done."""
+    me = _thread()
+    done_below = me.__dict__.get("_numbatma_bulk_groups", 0) - int(n)
+    with _lock:
+        state = block_state()
+        kept = [r for r in state.reads if not (r.thread is me and r.group is not None and r.group < done_below)]
+        _track(len(kept) - len(state.reads))
+        state.reads = kept
+
+
+def cp_async_commit_group():
+    me = _thread()
+    me._numbatma_cp_groups = me.__dict__.get("_numbatma_cp_groups", 0) + 1
+
+
+def cp_async_wait_group(n):
+    me = _thread()
+    done = me.__dict__.get("_numbatma_cp_groups", 0) - int(n)
+    seen = knowledge(me)
+    key = ("cp.async", me)
+    if seen.get(key, 0) < done:
+        seen[key] = done
+
+
+def cp_async_wait_all():
+    cp_async_commit_group()
+    cp_async_wait_group(0)
+
+
+def cp_async_mbarrier_arrive(bar, counts_as_arrival):
+    """The completion of this thread's prior cp.async copies arrives on ``bar`` (they are done already):
+    their bytes are also known to whoever waits for the phase this arrival counts towards."""
+    me = _thread()
+    ref = barrier_of(bar)
+    with _lock:
+        b = _barrier_state(ref, "cp_async_mbarrier_arrive")
+        key = ("cp.async", me)
+        for f in block_state().fills:
+            if any(k == key for k, _ in f.completions):
+                f.completions.append((b, b.phase))
+    if counts_as_arrival:
+        mbarrier_arrive(bar)
+
+
 # -- named barriers -----------------------------------------------------------------------------------------
 def named_barrier(barrier_id, threads, wait):
     state = block_state()
     site = caller_site()
+    publish_knowledge(_thread())
     with _lock:
         entry = state.named.setdefault(int(barrier_id), [0, 0])
         generation = entry[1]
@@ -311,6 +646,7 @@ def named_barrier(barrier_id, threads, wait):
         return f"named_barrier_sync({int(barrier_id)}, {int(threads)}) at {site[0]}:{site[1]}; {n} arrived"
 
     wait_until(ready, describe)
+    absorb_knowledge(_thread())
 
 
 # -- warp-level exchange (shuffles, syncwarp) -----------------------------------------------------------
@@ -437,7 +773,7 @@ def tma_load(dst, desc, coords, bar):
     sel = np.ix_(*[i[m] for i, m in idx])
     box[np.ix_(*[np.nonzero(m)[0] for m in inb])] = src[sel]
     raw = np.ascontiguousarray(box).view(np.uint8).reshape(-1)
-    out = dst.reshape(-1).view(np.uint8) if dst.flags.c_contiguous else None
+    out = np.asarray(dst).reshape(-1).view(np.uint8) if dst.flags.c_contiguous else None
     if out is None or out.size != raw.size:
         raise SimulatedMisuse(
             f"tma_load: the shared tile holds {dst.nbytes} bytes (C-contiguous: {dst.flags.c_contiguous}) but a box "
@@ -450,7 +786,12 @@ def tma_load(dst, desc, coords, bar):
         out16[perm] = raw.reshape(-1, 16)
     else:
         out[:] = raw
-    mbarrier_complete_tx(bar, raw.size)
+    site = caller_site()
+    with _lock:
+        b, phase = mbarrier_complete_tx(bar, raw.size)
+        lo, hi = bounds(out)
+        _add_fill(lo, hi, f"the tile the TMA load at {site[0]}:{site[1]} fills (coordinates {coords})",
+                  [(b, phase)])
 
 
 def tma_store(desc, coords, src_tile):
@@ -458,6 +799,11 @@ def tma_store(desc, coords, src_tile):
     dst = _host_array(desc)
     idx = _box_index(desc, coords)
     shape = tuple(len(i) for i, _ in idx)
+    site = caller_site()
+    with _lock:
+        lo, hi = bounds(src_tile)
+        _check_store_source(lo, hi, "tma_store")
+        _add_store_read(lo, hi, site)
     raw = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
     span = int(desc.swizzle)
     if span:
@@ -466,6 +812,39 @@ def tma_store(desc, coords, src_tile):
     box = raw.view(desc.dtype).reshape(shape)
     inb = [m for _, m in idx]
     dst[np.ix_(*[i[m] for i, m in idx])] = box[np.ix_(*[np.nonzero(m)[0] for m in inb])]
+    _store_overhang(desc, dst, idx, box)
+
+
+def _store_overhang(desc, dst, idx, box):
+    """The hardware completes each innermost row a store clips to the next 16-byte boundary (see
+    ``TensorMap.store_overhang``): write those bytes too, into the memory that follows the row."""
+    extra = desc.store_overhang // desc.dtype.itemsize
+    inner_ok = idx[-1][1]
+    if not extra or desc.element_strides[-1] != 1 or inner_ok.all() or not inner_ok[-1:].size or inner_ok[-1]:
+        return  # nothing clipped at the row's end
+    first = int(np.nonzero(inner_ok)[0][-1]) + 1 if inner_ok.any() else 0
+    if first == 0:
+        return  # the box lies entirely past the row: nothing is written
+    extra = min(extra, inner_ok.size - first)
+    outer = [i[m] for i, m in idx[:-1]]
+    if any(o.size == 0 for o in outer):
+        return
+    n = dst.shape[-1]
+    end = int(dst.__array_interface__["data"][0]) + sum(int(o.max()) * st for o, st in zip(outer, dst.strides)) \
+        + (n + extra) * dst.strides[-1]
+    root = dst
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    limit = bounds(root)[1]
+    if end > limit:
+        raise SimulatedMisuse(
+            f"tma_store at coordinates {tuple(int(i[0]) for i, _ in idx)}: the hardware completes the clipped rows "
+            f"to 16 bytes and would write {end - limit} byte(s) past the end of the destination's memory "
+            f"(TensorMap.store_overhang = {desc.store_overhang}); leave room after the last row"
+        )
+    wide = np.lib.stride_tricks.as_strided(dst, shape=dst.shape[:-1] + (n + extra,), strides=dst.strides)
+    inner_box = np.arange(first, first + extra)
+    wide[np.ix_(*outer, np.arange(n, n + extra))] = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx[:-1]], inner_box)]
 
 
 # -- LDGSTS ------------------------------------------------------------------------------------------------------
@@ -479,7 +858,14 @@ def cp_async(dst, dst_index, src, src_index, nbytes):
         sflat = _flat_from(src, src_index)
     else:
         sflat = np.atleast_1d(s).reshape(-1)
-    dflat[:n] = sflat[:n]
+    target = np.asarray(dflat[:n])
+    target[:] = sflat[:n]
+    me = _thread()
+    site = caller_site()
+    with _lock:
+        lo, hi = bounds(target)
+        _add_fill(lo, hi, f"the bytes the cp_async at {site[0]}:{site[1]} copies",
+                  [(("cp.async", me), me.__dict__.get("_numbatma_cp_groups", 0))])
 
 
 def _flat_from(array, index):

@@ -106,13 +106,13 @@ def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     return types.void(dst, dst_index, src, src_index, nbytes), codegen
 
 
-@device_op(simulate=lambda: None)
+@device_op(simulate=lambda: sim().cp_async_commit_group())
 def cp_async_commit_group(typingctx):
     """``cp.async.commit_group;`` - close this thread's current group of ``cp_async`` copies."""
     return types.void(), emit_only(COMMIT_GROUP)
 
 
-@device_op(prefer_literal=True, simulate=lambda n: None)
+@device_op(prefer_literal=True, simulate=lambda n: sim().cp_async_wait_group(n))
 def cp_async_wait_group(typingctx, n):
     """``cp.async.wait_group N;`` - wait until at most ``N`` (a constant, 0..7 is typical) of this thread's
     committed groups are pending. Other threads' copies are covered only after a block barrier."""
@@ -120,7 +120,7 @@ def cp_async_wait_group(typingctx, n):
     return types.void(n), emit_only(WAIT_GROUP, n=value)
 
 
-@device_op(simulate=lambda: None)
+@device_op(simulate=lambda: sim().cp_async_wait_all())
 def cp_async_wait_all(typingctx):
     """``cp.async.wait_all;`` - wait for all of this thread's ``cp_async`` copies."""
     return types.void(), emit_only(WAIT_ALL)
@@ -134,7 +134,7 @@ def _arrive(ptx):
     return codegen
 
 
-@device_op(simulate=lambda bar: None)
+@device_op(simulate=lambda bar: sim().cp_async_mbarrier_arrive(bar, False))
 def cp_async_mbarrier_arrive(typingctx, bar):
     """``cp.async.mbarrier.arrive.shared.b64 [bar];`` - when all of this thread's prior ``cp_async`` copies
     complete, arrive on ``bar``. The pending count is raised by one first, so the thread still makes its
@@ -144,7 +144,7 @@ def cp_async_mbarrier_arrive(typingctx, bar):
     return types.void(bar), _arrive(MBARRIER_ARRIVE)
 
 
-@device_op(simulate=lambda bar: sim().mbarrier_arrive(bar))
+@device_op(simulate=lambda bar: sim().cp_async_mbarrier_arrive(bar, True))
 def cp_async_mbarrier_arrive_noinc(typingctx, bar):
     """``cp.async.mbarrier.arrive.noinc.shared.b64 [bar];`` - the completion of this thread's prior
     ``cp_async`` copies is one of the arrivals ``bar`` expects (initialise it with the number of copying

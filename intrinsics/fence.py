@@ -3,7 +3,7 @@ proxy (descriptors)."""
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, descriptor_address, device_op, emit_only, fail
+from ._define import SIMULATING, descriptor_address, device_op, emit_only, fail, sim
 
 PROXY_ASYNC_SHARED_CTA = Ptx("fence.proxy.async.shared::cta;")
 MBARRIER_INIT = Ptx("fence.mbarrier_init.release.cluster;")
@@ -16,7 +16,7 @@ if not SIMULATING:
     from numbatma._types import CUTENSORMAP_PTR, TensorMapArrayType
 
 
-@device_op(simulate=lambda: None)
+@device_op(simulate=lambda: sim().fence_proxy_async())
 def fence_proxy_async_shared_cta(typingctx):
     """``fence.proxy.async.shared::cta;`` - make this thread's ordinary writes to shared memory visible
     to the async proxy. Every thread that wrote a tile executes it before the block barrier that precedes a

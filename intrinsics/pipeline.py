@@ -118,23 +118,19 @@ class SimPipeline:
         s = sim()
         self.stages = int(stages)
         bars = s.shared_allocation(("Pipeline",) + site, (2 * self.stages,), "uint64")
+        self.bars = bars
+        self.name = f"pipeline {s.describe_site(site)}"
+        self.state = [0] * _NSLOTS
         if s.thread_index() == 0:
             for i in range(self.stages):
-                s.mbarrier_init(s.BarrierRef(s.address_of(bars, i), f"full barrier of stage {i} ({site[0]}:{site[1]})"),
-                                producer_arrivals)
-                s.mbarrier_init(
-                    s.BarrierRef(s.address_of(bars, self.stages + i),
-                                 f"empty barrier of stage {i} ({site[0]}:{site[1]})"), consumer_arrivals)
+                s.mbarrier_init(self.barrier(i, "full"), producer_arrivals)
+                s.mbarrier_init(self.barrier(self.stages + i, "empty"), consumer_arrivals)
         s.syncthreads()
-        self.bars = bars
-        self.site = site
-        self.state = [0] * _NSLOTS
 
     def barrier(self, index, kind):
         s = sim()
         stage = index if kind == "full" else index - self.stages
-        return s.BarrierRef(s.address_of(self.bars, index),
-                            f"{kind} barrier of stage {stage} ({self.site[0]}:{self.site[1]})")
+        return s.BarrierRef(s.address_of(self.bars, index), f"{kind} barrier of stage {stage} of {self.name}")
 
 
 def _sim_pipeline(stages, producer_arrivals, consumer_arrivals):

@@ -188,14 +188,14 @@ def tma_store_hinted(typingctx, desc, coords, src, policy):
     return _tile_store("tma_store_hinted", STORE_TILE_HINT, desc, coords, src, policy)
 
 
-@device_op(simulate=lambda: None)
+@device_op(simulate=lambda: sim().bulk_commit_group())
 def bulk_commit_group(typingctx):
     """``cp.async.bulk.commit_group;`` - close the current bulk group (the TMA stores issued by this
     thread since the last commit)."""
     return types.void(), emit_only(COMMIT_GROUP)
 
 
-@device_op(prefer_literal=True, simulate=lambda n: None)
+@device_op(prefer_literal=True, simulate=lambda n: sim().bulk_wait_group(n))
 def bulk_wait_group(typingctx, n):
     """``cp.async.bulk.wait_group N;`` - wait until at most ``N`` of this thread's bulk groups are pending
     (their writes to global memory done). ``N`` is a compile-time constant in 0..63."""
@@ -203,7 +203,7 @@ def bulk_wait_group(typingctx, n):
     return types.void(n), emit_only(WAIT_GROUP, n=value)
 
 
-@device_op(prefer_literal=True, simulate=lambda n: None)
+@device_op(prefer_literal=True, simulate=lambda n: sim().bulk_wait_group(n))
 def bulk_wait_group_read(typingctx, n):
     """``cp.async.bulk.wait_group.read N;`` - wait until at most ``N`` bulk groups still *read* their shared
     source, so that shared memory may be reused. ``N`` is a compile-time constant in 0..63."""

@@ -19,10 +19,13 @@ The hooks:
    :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
 5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
    dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
-7. (simulator only) ``numba.cuda.simulator.kernelapi.FakeCUDAShared.array`` refuses ``alignment=``, which every
-   TMA kernel passes; :func:`install_simulator` accepts it (the simulator's TMA copies place bytes relative
-   to the tile, so the alignment itself has no effect there), and gives ``FakeCUDAModule`` the warp
-   operations it lacks (``syncwarp``, ``shfl_*_sync``) through numbatma's simulator runtime.
+7. (simulator only, :func:`install_simulator`; points listed by :func:`_simulator_hook_points`)
+   ``numba.cuda.simulator.kernelapi.FakeCUDAShared.array`` refuses ``alignment=``, which every TMA kernel
+   passes: the replacement accepts it and returns :class:`numbatma.intrinsics._sim.SharedArray` views (the
+   simulator's race checks); ``numba.cuda.simulator.kernel.BlockThread.syncthreads`` is wrapped so block
+   barriers pass on what each thread knows complete; ``FakeCUDAModule`` gets the warp operations it lacks
+   (``syncwarp``, ``shfl_*_sync``) and the libdevice functions kernels use; ``FakeCUDADevice`` reports 2 SMs
+   and Hopper's shared-memory opt-in limit.
 6. ``numba.cuda.dispatcher.get_current_device``: compiling a device function (``cuda.jit(device=True)``,
    ``overload_method`` implementations) asks the *current device* for its compute capability, which needs a
    driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers with the compile target
@@ -176,8 +179,23 @@ def _device_for_compile(original):
     return get_current_device
 
 
-# -- hook 7: the simulator accepts alignment= on shared arrays ------------------------------------------
+# -- hook 7: the simulator (shared arrays, block barriers, warp operations, device limits) ---------------
 _sim_lock = threading.Lock()
+
+
+def _simulator_hook_points():
+    """The upstream simulator objects install_simulator patches or relies on (tests check they exist)."""
+    from numba.cuda.simulator import kernel, kernelapi
+    from numba.cuda.simulator.cudadrv import devices
+
+    return {
+        "FakeCUDAShared.array": (kernelapi.FakeCUDAShared, "array"),
+        "FakeCUDAModule.syncthreads": (kernelapi.FakeCUDAModule, "syncthreads"),
+        "BlockThread.syncthreads": (kernel.BlockThread, "syncthreads"),
+        "BlockThread.run": (kernel.BlockThread, "run"),
+        "BlockManager.run": (kernel.BlockManager, "run"),
+        "FakeCUDADevice": (devices, "FakeCUDADevice"),
+    }
 
 
 def install_simulator():
@@ -192,6 +210,8 @@ def install_simulator():
     from numba.cuda.np import numpy_support
     from numba.cuda.simulator import kernelapi
 
+    from numbatma.intrinsics import _sim
+
     shared_cls = kernelapi.FakeCUDAShared
     if getattr(shared_cls.array, "_numbatma", False):
         return
@@ -202,16 +222,30 @@ def install_simulator():
         dtype = np.dtype(dtype)
         if shape == 0:
             count = self._dynshared_size // dtype.itemsize
-            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count).view(_sim.SharedArray)
         caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2])
         with _sim_lock:
             res = self._allocations.get(caller)
             if res is None:
-                res = self._allocations[caller] = np.zeros(shape, dtype)
+                res = self._allocations[caller] = np.zeros(shape, dtype).view(_sim.SharedArray)
+                res._numbatma_site = caller  # (named in the simulator's messages)
         return res
 
     array._numbatma = True
     shared_cls.array = array
+
+    # Block barriers pass on what each thread knows complete (the simulator's hazard checks, _sim.py).
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    thread_cls = sim_kernel.BlockThread
+    original_sync = thread_cls.syncthreads
+
+    def syncthreads(self):
+        _sim.publish_knowledge(self)
+        original_sync(self)
+        _sim.absorb_knowledge(self)
+
+    thread_cls.syncthreads = syncthreads
 
     # A simulated device that answers what persistent kernels ask: 2 SMs (so a persistent grid gives each
     # block several tiles), Hopper's shared-memory opt-in limit.
@@ -232,8 +266,6 @@ def install_simulator():
 
     # Warp-synchronous operations the simulator lacks (its threads are independent): syncwarp and the
     # shuffles, implemented by numbatma's simulator runtime as an exchange among the lanes of a warp.
-    from numbatma.intrinsics import _sim
-
     module_cls = kernelapi.FakeCUDAModule
     module_cls.syncwarp = staticmethod(lambda mask=0xFFFFFFFF: _sim.syncwarp(mask))
     module_cls.shfl_sync = staticmethod(lambda mask, value, src: _sim.shfl(mask, value, src))

@@ -43,6 +43,24 @@ def test_hook_points_exist_with_expected_signatures():
     assert "kernel.args = kernel.args[1:]" in inspect.getsource(compiler.kernel_fixup)
 
 
+def test_simulator_hook_points_exist():
+    """install_simulator's upstream objects (importable without NUMBA_ENABLE_CUDASIM) and the attributes of
+    the simulator's threads numbatma's runtime reads."""
+    points = internals._simulator_hook_points()
+    for label, (owner, attr) in points.items():
+        assert getattr(owner, attr, None) is not None, label
+    from numba.cuda.simulator import kernel, kernelapi
+
+    thread_init = inspect.getsource(kernel.BlockThread.__init__)
+    for attr in ("self.syncthreads_blocked", "self._manager", "self.blockIdx", "self.threadIdx", "self.thread_id",
+                 "self.abort"):
+        assert attr in thread_init, attr
+    assert "self._allocations" in inspect.getsource(kernelapi.FakeCUDAShared.__init__)
+    assert "_dynshared" in inspect.getsource(kernelapi.FakeCUDAShared.__init__)
+    assert "syncthreads()" in inspect.getsource(kernel.BlockThread.syncthreads_count)  # the wrapped method
+    assert "syncthreads()" in inspect.getsource(kernelapi.FakeCUDAModule.syncthreads)
+
+
 def test_shared_array_typed_as_shared():
     def k(out):
         a = cuda.shared.array((4, 8), np.float32)
