@@ -9,6 +9,7 @@ function that says the operation has no simulator semantics yet).
 from __future__ import annotations
 
 import functools
+import math
 
 from llvmlite import ir
 
@@ -131,11 +132,15 @@ def require_tile_matches(op, tile, desc):
         fail(op, f"the shared tile has dtype {tile.dtype} but the descriptor moves {desc.dtype} elements")
     if tile.layout != "C":
         fail(op, f"the shared tile must be C-contiguous, got layout {tile.layout!r}")
-    if tile.nbytes is not None and tile.nbytes != desc.box_bytes:
+    footprint = math.prod(desc.shared_shape) * desc.itemsize
+    if tile.nbytes is not None and tile.nbytes != footprint:
+        padded = footprint != desc.box_bytes
         fail(
             op,
             f"the shared tile {tile.static_shape} holds {tile.nbytes} bytes but one box of the descriptor "
-            f"(shared shape {desc.shared_shape}) is {desc.box_bytes} bytes",
+            f"occupies {footprint} bytes (shared shape {desc.shared_shape}"
+            + (f"; its rows are narrower than the {desc.swizzle}-byte swizzle span, so each takes a whole span"
+               if padded else "") + ")",
         )
 
 

@@ -394,7 +394,10 @@ class SharedArray(np.ndarray):
         lo, hi = _span(self, index, None)
         me = _thread()
         unfenced = me.__dict__.get("_numbatma_unfenced")
-        me._numbatma_unfenced = (lo, hi) if unfenced is None else (min(lo, unfenced[0]), max(hi, unfenced[1]))
+        if unfenced is None:
+            me._numbatma_unfenced = [[lo, hi]]
+        else:
+            _note_unfenced(unfenced, lo, hi)
         if _tracked:
             _check_read(lo, hi, "writes")
             for r in block_state().reads:
@@ -405,6 +408,28 @@ class SharedArray(np.ndarray):
                         f"must bulk_commit_group and bulk_wait_group_read (then a block barrier) before the "
                         f"tile is written again"
                     )
+
+
+_MAX_RANGES = 8
+
+
+def _note_unfenced(ranges, lo, hi):
+    """Add [lo, hi) to a thread's unfenced byte ranges (at most _MAX_RANGES: the closest two merge)."""
+    last = ranges[-1]
+    if lo <= last[1] and last[0] <= hi:  # the usual case: next to (or inside) the last write
+        last[0], last[1] = min(lo, last[0]), max(hi, last[1])
+        return
+    for r in ranges:
+        if lo <= r[1] and r[0] <= hi:
+            r[0], r[1] = min(lo, r[0]), max(hi, r[1])
+            return
+    ranges.append([lo, hi])
+    if len(ranges) > _MAX_RANGES:
+        ranges.sort()
+        gaps = [ranges[i + 1][0] - ranges[i][1] for i in range(len(ranges) - 1)]
+        i = gaps.index(min(gaps))
+        ranges[i][1] = max(ranges[i][1], ranges[i + 1][1])
+        del ranges[i + 1]
 
 
 def _who(thread):
@@ -538,8 +563,8 @@ def _add_fill(lo, hi, what, completions):
     state.fills = kept
     for t in _live_threads(_thread()._manager):  # bytes the copy replaces need no fence any more
         unfenced = t.__dict__.get("_numbatma_unfenced")
-        if unfenced is not None and lo <= unfenced[0] and unfenced[1] <= hi:
-            t._numbatma_unfenced = None
+        if unfenced:
+            unfenced[:] = [r for r in unfenced if not (lo <= r[0] and r[1] <= hi)]
 
 
 def fence_proxy_async():
@@ -550,14 +575,14 @@ def _check_store_source(lo, hi, op):
     me = _thread()
     _check_read(lo, hi, f"{op} reads")
     for t in _live_threads(me._manager):
-        unfenced = t.__dict__.get("_numbatma_unfenced")
-        if unfenced is not None and unfenced[0] < hi and lo < unfenced[1]:
-            who = "this thread" if t is me else f"thread {_who(t)}"
-            raise SimulatedMisuse(
-                f"thread {_who(me)}: {op} from a shared tile that {who} wrote (bytes [{max(unfenced[0], lo) - lo}, "
-                f"{min(unfenced[1], hi) - lo}) of it) without fence_proxy_async_shared_cta afterwards: the TMA unit "
-                f"may read the old bytes. Every writing thread fences, then a block barrier, then the store"
-            )
+        for r in t.__dict__.get("_numbatma_unfenced") or ():
+            if r[0] < hi and lo < r[1]:
+                who = "this thread" if t is me else f"thread {_who(t)}"
+                raise SimulatedMisuse(
+                    f"thread {_who(me)}: {op} from a shared tile that {who} wrote (bytes [{max(r[0], lo) - lo}, "
+                    f"{min(r[1], hi) - lo}) of it) without fence_proxy_async_shared_cta afterwards: the TMA unit "
+                    f"may read the old bytes. Every writing thread fences, then a block barrier, then the store"
+                )
 
 
 def _add_store_read(lo, hi, site):
@@ -753,12 +778,16 @@ def _box_index(desc, coords):
     return idx
 
 
-def swizzle_chunks(nbytes, span):
-    """Permutation of 16-byte chunks that TMA's ``span``-byte swizzle applies within a tile: chunk c goes to
-    c ^ ((c >> 3) & (span / 16 - 1)) (16-byte chunk index XOR the 128-byte row index, modulo the span)."""
+def _tile_chunks(desc, row_bytes, nbytes):
+    """Where each 16-byte chunk of the dense box (rows of ``row_bytes``) sits in the shared tile, in chunks:
+    rows narrower than the swizzle span start a whole span apart, then the swizzle permutes the chunks."""
+    span = int(desc.swizzle)
     c = np.arange(nbytes // 16)
     if not span:
         return c
+    if row_bytes < span:  # each row takes a whole span (hardware, scripts/probe_swizzle_pad.py)
+        per_row = row_bytes // 16
+        c = (c // per_row) * (span // 16) + c % per_row
     return c ^ ((c >> 3) & (span // 16 - 1))
 
 
@@ -774,18 +803,14 @@ def tma_load(dst, desc, coords, bar):
     box[np.ix_(*[np.nonzero(m)[0] for m in inb])] = src[sel]
     raw = np.ascontiguousarray(box).view(np.uint8).reshape(-1)
     out = np.asarray(dst).reshape(-1).view(np.uint8) if dst.flags.c_contiguous else None
-    if out is None or out.size != raw.size:
+    footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
+    if out is None or out.size != footprint:
         raise SimulatedMisuse(
             f"tma_load: the shared tile holds {dst.nbytes} bytes (C-contiguous: {dst.flags.c_contiguous}) but a box "
-            f"of the descriptor is {raw.size} bytes"
+            f"of the descriptor occupies {footprint} bytes (shared shape {desc.shared_shape})"
         )
-    span = int(desc.swizzle)
-    if span:
-        perm = swizzle_chunks(raw.size, span)
-        out16 = out.reshape(-1, 16)
-        out16[perm] = raw.reshape(-1, 16)
-    else:
-        out[:] = raw
+    chunks = _tile_chunks(desc, box.shape[-1] * desc.dtype.itemsize, raw.size)
+    out.reshape(-1, 16)[chunks] = raw.reshape(-1, 16)
     site = caller_site()
     with _lock:
         b, phase = mbarrier_complete_tx(bar, raw.size)
@@ -804,11 +829,13 @@ def tma_store(desc, coords, src_tile):
         lo, hi = bounds(src_tile)
         _check_store_source(lo, hi, "tma_store")
         _add_store_read(lo, hi, site)
-    raw = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
-    span = int(desc.swizzle)
-    if span:
-        perm = swizzle_chunks(raw.size, span)
-        raw = raw.reshape(-1, 16)[perm].reshape(-1)
+    tile = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
+    footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
+    if tile.size != footprint:
+        raise SimulatedMisuse(f"tma_store: the shared tile holds {tile.size} bytes but a box of the descriptor "
+                              f"occupies {footprint} bytes (shared shape {desc.shared_shape})")
+    nbytes = int(np.prod(shape)) * desc.dtype.itemsize
+    raw = tile.reshape(-1, 16)[_tile_chunks(desc, shape[-1] * desc.dtype.itemsize, nbytes)].reshape(-1)
     box = raw.view(desc.dtype).reshape(shape)
     inb = [m for _, m in idx]
     dst[np.ix_(*[i[m] for i, m in idx])] = box[np.ix_(*[np.nonzero(m)[0] for m in inb])]

@@ -113,14 +113,19 @@ class TensorMapType(types.Type):
 
     @property
     def shared_shape(self):
-        """Shape (row-major) of the shared-memory tile one load fills: the box traversed with its element
-        strides, i.e. ``ceil(box[i] / element_strides[i])`` elements along each axis."""
-        return tuple(_ceil_div(b, e) for b, e in zip(self.box, self.element_strides))
+        """Shape (row-major) of the shared-memory tile one load occupies: the box traversed with its element
+        strides, ``ceil(box[i] / element_strides[i])`` elements along each axis; rows narrower than the
+        swizzle span take a whole span (``numbatma.tensormap.tile_footprint``)."""
+        from .tensormap import tile_footprint
+
+        return tile_footprint(self.box, self.element_strides, self.itemsize, self.swizzle)[0]
 
     @property
     def box_bytes(self):
         """Bytes one tile load writes to shared memory (= the mbarrier transaction count it completes)."""
-        return math.prod(self.shared_shape) * self.itemsize
+        from .tensormap import tile_footprint
+
+        return tile_footprint(self.box, self.element_strides, self.itemsize, self.swizzle)[1]
 
 
 class TensorMapModel(models.PrimitiveModel):

@@ -361,18 +361,21 @@ class TensorMap:
 
     @property
     def shared_shape(self):
-        """Shape of the shared-memory tile one load fills (``ceil(box / element_strides)`` per axis)."""
-        return tuple(-(-b // e) for b, e in zip(self.box, self.element_strides))
+        """Shape of the shared-memory tile one load fills: ``ceil(box / element_strides)`` per axis, except
+        that with a swizzle wider than the box's rows each row takes a whole swizzle span (see
+        :func:`tile_footprint`)."""
+        return tile_footprint(self.box, self.element_strides, self.dtype.itemsize, int(self.swizzle))[0]
 
     @property
     def box_bytes(self):
         """Bytes one tile load delivers to shared memory (its mbarrier transaction count)."""
-        return math.prod(self.shared_shape) * self.dtype.itemsize
+        return tile_footprint(self.box, self.element_strides, self.dtype.itemsize, int(self.swizzle))[1]
 
     @property
     def shared_alignment(self):
-        """Alignment (bytes) the shared tile needs: 1024 for 128B swizzle, else 128."""
-        return 1024 if self.swizzle == Swizzle.B128 else 128
+        """Alignment (bytes) the shared tile needs: the swizzle's repeat (8 rows of its span: 256, 512 or
+        1024 bytes), so the pattern starts with the tile; 128 without swizzle."""
+        return 8 * int(self.swizzle) if int(self.swizzle) else 128
 
     def __repr__(self):
         return (
@@ -539,6 +542,19 @@ def _check_address(layout, interleave):
             f"aligned; TMA needs the global address to be a multiple of {align} bytes. A slice that starts "
             f"mid-row often causes this: describe the whole array and move the box coordinates instead."
         )
+
+
+def tile_footprint(box, element_strides, itemsize, swizzle):
+    """(shared_shape, box_bytes) of one tile load. ``box_bytes`` is what the load writes (its transaction
+    count): ``ceil(box / element_strides)`` elements per axis. With a swizzle whose span is wider than the
+    box's innermost row, the hardware gives every row a whole span in shared memory (observed on an H200:
+    ``scripts/probe_swizzle_pad.py``; the bytes between are not written), so the tile the load occupies has
+    rows of ``span / itemsize`` elements."""
+    counts = tuple(-(-b // e) for b, e in zip(box, element_strides))
+    delivered = math.prod(counts) * itemsize
+    if swizzle and counts[-1] * itemsize < swizzle:
+        counts = counts[:-1] + (swizzle // itemsize,)
+    return counts, delivered
 
 
 def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32):

@@ -39,6 +39,7 @@ def source(dtype, box):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(dtype, box):
+    """``box``: the tile's shared shape (rows narrower than the swizzle span are padded to it)."""
     elems = int(np.prod(box))
     nb = getattr(np, dtype)
     rank = len(box)
@@ -72,10 +73,11 @@ def _kernel(dtype, box):
 def image(span, dtype, box, coords, to_device=lambda a: a):
     """Bytes of the shared tile after the load, in shared-memory order."""
     host = source(dtype, box)
-    out = np.zeros(int(np.prod(box)), dtype)
-    d_src, d_out = to_device(host), to_device(out)
+    d_src = to_device(host)
     desc = numbatma.TensorMap(d_src, box, swizzle=span)
-    _kernel(dtype, box)[1, 128](desc, np.array(coords, np.int64), d_out)
+    out = np.zeros(int(np.prod(desc.shared_shape)), dtype)  # (bytes the load leaves alone stay 0)
+    d_out = to_device(out)
+    _kernel(dtype, desc.shared_shape)[1, 128](desc, np.array(coords, np.int64), d_out)
     res = d_out.copy_to_host() if hasattr(d_out, "copy_to_host") else d_out
     return np.ascontiguousarray(res).view(np.uint8)
 

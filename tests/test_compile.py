@@ -289,6 +289,26 @@ def test_typing_error_tile_bytes():
     _expect_typing_error(k_store_wrong_size, (D2.numba_type,), "tma_store", "1024 bytes", "2048 bytes")
 
 
+def k_narrow_swizzled_box(d):
+    t = cuda.shared.array((16, 8), np.float32)  # the box, but its 32-byte rows each take a 64-byte span
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0), b)
+
+
+def k_narrow_swizzled_padded(d):
+    t = cuda.shared.array((16, 16), np.float32, alignment=512)
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0), b)
+
+
+def test_typing_error_tile_of_rows_narrower_than_the_swizzle():
+    narrow = TensorMap(FakeCudaArray((64, 64), np.float32), (16, 8), swizzle=64)
+    _expect_typing_error(k_narrow_swizzled_box, (narrow.numba_type,), "512 bytes", "occupies 1024 bytes",
+                         "shared shape (16, 16)", "narrower than the 64-byte swizzle span")
+    ptx = nbc.compile_ptx(k_narrow_swizzled_padded, (narrow.numba_type,))
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in (ptx if isinstance(ptx, str) else ptx[0])
+
+
 def test_typing_error_not_shared_memory():
     _expect_typing_error(k_global_dst, (D2.numba_type, types.float32[:, ::1]), "shared-memory array")
     _expect_typing_error(k_local_dst, (D2.numba_type,), "shared-memory array")

@@ -12,7 +12,7 @@ def test_simulator_suite_passes():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "sim")],
-        capture_output=True, text=True, env=env, timeout=900, cwd=HERE.parent,
+        capture_output=True, text=True, env=env, timeout=900, cwd=HERE,  # (not the checkout root: import the installed numbatma)
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and "skipped" not in out.stdout.splitlines()[-1]

@@ -208,7 +208,21 @@ def test_swizzle_fitting_box_accepted(box, swizzle):
     tm = TensorMap(f32((256, 256)), box, swizzle=swizzle)
     assert tm.swizzle is swizzle
     assert tm.numba_type.swizzle == int(swizzle)
-    assert tm.shared_alignment == (1024 if swizzle == Swizzle.B128 else 128)
+    assert tm.shared_alignment == {Swizzle.B128: 1024, Swizzle.B64: 512, Swizzle.B32: 256}.get(swizzle, 128)
+    assert tm.shared_shape == box and tm.box_bytes == 4 * box[0] * box[1]
+
+
+@pytest.mark.parametrize("box, swizzle, shared", [
+    ((16, 8), Swizzle.B64, (16, 16)), ((8, 16), Swizzle.B128, (8, 32)), ((4, 4), Swizzle.B128, (4, 32)),
+    ((8, 4), Swizzle.B32, (8, 8)), ((2, 8, 4), Swizzle.B64, (2, 8, 16)),
+])
+def test_rows_narrower_than_the_swizzle_span_take_a_whole_span(box, swizzle, shared):
+    """Observed on an H200 (scripts/probe_swizzle_pad.py): each row of such a box starts a span apart in
+    shared memory; the load still delivers (and counts) only the box's bytes."""
+    tm = TensorMap(f32((256, 256, 256)[:len(box)]), box, swizzle=swizzle)
+    assert tm.shared_shape == shared
+    assert tm.box_bytes == 4 * int(np.prod(box))
+    assert tm.numba_type.shared_shape == shared and tm.numba_type.box_bytes == tm.box_bytes
 
 
 @pytest.mark.parametrize("spelling", [128, "128B", "128b", "B128", Swizzle.B128])
