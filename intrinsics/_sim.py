@@ -26,7 +26,23 @@ import time
 import numpy as np
 
 _lock = threading.RLock()
-_changed = threading.Condition(_lock)  # notified whenever a barrier, named barrier or warp exchange moves
+
+
+def _channel(key):
+    """The condition (on the one lock) that threads waiting on ``key`` sleep on: a barrier's address, a named
+    barrier, a warp. Waking only those threads (not every waiting thread of the block) keeps a block of
+    hundreds of simulated threads from convoying on the lock."""
+    channels = block_state().channels
+    cond = channels.get(key)
+    if cond is None:
+        cond = channels[key] = threading.Condition(_lock)
+    return cond
+
+
+def _notify(key):
+    cond = block_state().channels.get(key)
+    if cond is not None:
+        cond.notify_all()
 
 
 class SimulatedHang(RuntimeError):
@@ -45,10 +61,12 @@ class _BlockState:
         self.waiting = {}  # thread -> description (callable returning str, or None when it can progress)
         self.allocations = {}  # (file, line) -> numpy array (pipeline barrier storage)
         self.warps = {}  # warp -> exchange state of warp-synchronous operations
-        self.fills = []  # _Fill: shared bytes an asynchronous copy writes, until a thread may read them
+        self.fills = {}  # 128-byte line -> [_Fill]: shared bytes copies write, until a thread may read them
+        self.unfenced = set()  # threads with shared writes not yet followed by fence.proxy.async
         self.reads = []  # _StoreRead: shared bytes a TMA store still reads, until its group is waited for
         self.sync_pool = {}  # knowledge published at block barriers (key -> phases known complete)
         self.hang_checked = 0.0  # time of the last hang check
+        self.channels = {}  # key -> threading.Condition (see _channel)
 
 
 def _thread():
@@ -77,27 +95,34 @@ def thread_index():
     return _thread().thread_id
 
 
-_OWN_DIRS = None
+_OWN = None
 
 
-def caller_site(depth=None):
-    """(file, line) of the innermost frame outside numbatma and Numba's simulator: the kernel line that
-    called the intrinsic. (``depth`` is ignored; kept for callers.)"""
-    global _OWN_DIRS
-    if _OWN_DIRS is None:
+def _own_frame(filename):
+    """Frames of numbatma's machinery (intrinsics, the top-level numbatma modules, Numba's simulator), as
+    opposed to kernel code - which includes numbatma.kernels (installed under numbatma/kernels/)."""
+    global _OWN
+    if _OWN is None:
         import os
 
         import numba.cuda.simulator as simulator
 
         import numbatma
 
-        here = os.path.dirname(os.path.abspath(__file__))
-        _OWN_DIRS = (here + os.sep, os.path.dirname(os.path.abspath(numbatma.__file__)) + os.sep,
-                     os.path.dirname(os.path.abspath(simulator.__file__)) + os.sep)
+        _OWN = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+                os.path.dirname(os.path.abspath(simulator.__file__)) + os.sep,
+                os.path.dirname(os.path.abspath(numbatma.__file__)))
+    return filename.startswith(_OWN[:2]) or filename.rpartition("/")[0] == _OWN[2] \
+        or filename.rpartition("\\")[0] == _OWN[2]
+
+
+def caller_site(depth=None):
+    """(file, line) of the innermost frame outside numbatma's machinery and Numba's simulator: the kernel
+    line that called the intrinsic. (``depth`` is ignored; kept for callers.)"""
     frame = sys._getframe(1)
     while frame is not None:  # (frames, not traceback.extract_stack: that reads source files)
         filename = frame.f_code.co_filename
-        if not filename.startswith(_OWN_DIRS):
+        if not _own_frame(filename):
             return filename, frame.f_lineno
         frame = frame.f_back
     return "<unknown>", 0
@@ -190,7 +215,7 @@ def mbarrier_init(bar, count):
                   "nobody waits on it (mbarrier_inval first)"
             )
         state.barriers[ref.address] = _MBarrier(int(count), ref.name)
-        _changed.notify_all()
+        _notify(("mbarrier", ref.address))
 
 
 def mbarrier_inval(bar):
@@ -216,7 +241,7 @@ def mbarrier_arrive(bar, count=1, tx=0):
         b.arrivals_done += int(count)
         _merge(b.carried, knowledge(_thread()))
         b._maybe_complete()
-        _changed.notify_all()
+        _notify(("mbarrier", ref.address))
         return np.uint64(token)
 
 
@@ -234,7 +259,7 @@ def mbarrier_complete_tx(bar, nbytes):
         phase = b.phase
         b.tx -= int(nbytes)
         b._maybe_complete()
-        _changed.notify_all()
+        _notify(("mbarrier", ref.address))
         return b, phase
 
 
@@ -294,7 +319,7 @@ def _wait_on(ref, op, ready_for, what):
         def describe():
             return f"{op}({ref.name}, {what}) at {site[0]}:{site[1]}; {block_state().barriers[ref.address].describe()}"
 
-        wait_until(ready, describe)
+        wait_until(ready, describe, ("mbarrier", ref.address))
     finally:
         with _lock:
             b.waiters -= 1
@@ -315,7 +340,7 @@ def _live_threads(manager):
     return [t for t in threading.enumerate() if getattr(t, "_manager", None) is manager and t.is_alive()]
 
 
-def wait_until(ready, describe):
+def wait_until(ready, describe, key):
     """Block the calling simulated thread until ``ready()``; raise SimulatedHang when every live thread of
     the block is waiting (here or in syncthreads) on something not ready."""
     me = _thread()
@@ -323,14 +348,15 @@ def wait_until(ready, describe):
     state = block_state()
     me._numbatma_ready = ready
     try:
-        _wait_loop(me, manager, state, ready, describe)
+        _wait_loop(me, manager, state, ready, describe, key)
     finally:
         me._numbatma_ready = None
 
 
-def _wait_loop(me, manager, state, ready, describe):
+def _wait_loop(me, manager, state, ready, describe, key):
     idle = 0.0
-    with _changed:
+    cond = _channel(key)
+    with cond:
         while not ready():
             state.waiting[me] = describe
             if idle >= 0.05:  # nothing moved for a while: is every live thread of the block stuck?
@@ -341,7 +367,7 @@ def _wait_loop(me, manager, state, ready, describe):
             if getattr(me, "abort", False):
                 raise RuntimeError("aborted: another simulated thread failed")
             start = time.monotonic()
-            woken = _changed.wait(timeout=0.02)
+            woken = cond.wait(timeout=0.02)
             idle = 0.0 if woken else idle + (time.monotonic() - start)
         state.waiting.pop(me, None)
 
@@ -396,6 +422,8 @@ class SharedArray(np.ndarray):
         unfenced = me.__dict__.get("_numbatma_unfenced")
         if unfenced is None:
             me._numbatma_unfenced = [[lo, hi]]
+            with _lock:
+                block_state().unfenced.add(me)
         else:
             _note_unfenced(unfenced, lo, hi)
         if _tracked:
@@ -507,6 +535,7 @@ class _Fill:
 
     def __init__(self, lo, hi, what, completions):
         self.lo, self.hi, self.what, self.completions = lo, hi, what, completions
+        self.alive = True
 
     def visible(self, seen):
         return any(seen.get(key, 0) > phase for key, phase in self.completions)
@@ -520,6 +549,21 @@ class _StoreRead:
         self.group = None  # set by bulk_commit_group
 
 
+_LINE = 7  # fills are indexed by 128-byte line
+
+
+def _fills_over(state, lo, hi):
+    """The fills recorded on the lines [lo, hi) touches (each once)."""
+    first, last = lo >> _LINE, (hi - 1) >> _LINE
+    if first == last:
+        return state.fills.get(first, ())
+    found = {}
+    for line in range(first, last + 1):
+        for f in state.fills.get(line, ()):
+            found[id(f)] = f
+    return found.values()
+
+
 def _track(delta):
     global _tracked
     _tracked += delta
@@ -529,7 +573,7 @@ def _check_read(lo, hi, verb):
     me = _thread()
     state = block_state()
     seen = knowledge(me)
-    for f in state.fills:
+    for f in _fills_over(state, lo, hi):
         if f.lo < hi and lo < f.hi and not f.visible(seen):
             raise SimulatedMisuse(f"thread {_who(me)} {verb} shared bytes [{lo - f.lo}, {hi - f.lo}) of {f.what}, "
                                   f"before that copy is known complete: {_missing_wait(me, f)}")
@@ -557,24 +601,45 @@ def _add_fill(lo, hi, what, completions):
                 f"{what} overwrites shared bytes that the TMA store issued at {r.site} by thread {_who(r.thread)} "
                 f"may still be reading: wait for it with bulk_wait_group_read (and a block barrier) first"
             )
-    kept = [f for f in state.fills if not (lo <= f.lo and f.hi <= hi)]
-    _track(len(kept) - len(state.fills) + 1)
-    kept.append(_Fill(lo, hi, what, completions))
-    state.fills = kept
-    for t in _live_threads(_thread()._manager):  # bytes the copy replaces need no fence any more
+    new = _Fill(lo, hi, what, completions)
+    _track(1)
+    for line in range(lo >> _LINE, ((hi - 1) >> _LINE) + 1):
+        bucket = state.fills.get(line)
+        if bucket is None:
+            state.fills[line] = [new]
+            continue
+        kept = []
+        for f in bucket:
+            if lo <= f.lo and f.hi <= hi:  # replaced by the new copy
+                if f.alive:
+                    f.alive = False
+                    _track(-1)
+            else:
+                kept.append(f)
+        kept.append(new)
+        state.fills[line] = kept
+    for t in list(state.unfenced):  # bytes the copy replaces need no fence any more
         unfenced = t.__dict__.get("_numbatma_unfenced")
         if unfenced:
             unfenced[:] = [r for r in unfenced if not (lo <= r[0] and r[1] <= hi)]
+        if not unfenced:
+            t._numbatma_unfenced = None
+            state.unfenced.discard(t)
+    return new
 
 
 def fence_proxy_async():
-    _thread()._numbatma_unfenced = None
+    me = _thread()
+    if me.__dict__.get("_numbatma_unfenced") is not None:
+        me._numbatma_unfenced = None
+        with _lock:
+            block_state().unfenced.discard(me)
 
 
 def _check_store_source(lo, hi, op):
     me = _thread()
     _check_read(lo, hi, f"{op} reads")
-    for t in _live_threads(me._manager):
+    for t in list(block_state().unfenced):
         for r in t.__dict__.get("_numbatma_unfenced") or ():
             if r[0] < hi and lo < r[1]:
                 who = "this thread" if t is me else f"thread {_who(t)}"
@@ -640,9 +705,9 @@ def cp_async_mbarrier_arrive(bar, counts_as_arrival):
     with _lock:
         b = _barrier_state(ref, "cp_async_mbarrier_arrive")
         key = ("cp.async", me)
-        for f in block_state().fills:
-            if any(k == key for k, _ in f.completions):
-                f.completions.append((b, b.phase))
+        for f in me.__dict__.get("_numbatma_cp_fills", ()):
+            f.completions.append((b, b.phase))
+        me._numbatma_cp_fills = []  # (bound to this phase now; later arrivals concern later copies)
     if counts_as_arrival:
         mbarrier_arrive(bar)
 
@@ -659,7 +724,7 @@ def named_barrier(barrier_id, threads, wait):
         if entry[0] >= int(threads):
             entry[0] = 0
             entry[1] += 1
-            _changed.notify_all()
+            _notify(("named", int(barrier_id)))
     if not wait:
         return
 
@@ -670,7 +735,7 @@ def named_barrier(barrier_id, threads, wait):
         n = state.named[int(barrier_id)][0]
         return f"named_barrier_sync({int(barrier_id)}, {int(threads)}) at {site[0]}:{site[1]}; {n} arrived"
 
-    wait_until(ready, describe)
+    wait_until(ready, describe, ("named", int(barrier_id)))
     absorb_knowledge(_thread())
 
 
@@ -701,7 +766,7 @@ def warp_exchange(mask, value):
             entry["values"] = [None] * 32
             entry["arrived"] = 0
             entry["generation"] += 1
-            _changed.notify_all()
+            _notify(("warp", warp))
 
     def ready():
         return entry["generation"] != generation
@@ -710,7 +775,7 @@ def warp_exchange(mask, value):
         return (f"warp {warp} lane {lane} in a warp-synchronous operation (mask 0x{mask:08x}) at "
                 f"{site[0]}:{site[1]}; {entry['arrived']} lanes arrived")
 
-    wait_until(ready, describe)
+    wait_until(ready, describe, ("warp", warp))
     return entry["result"][1]
 
 
@@ -876,25 +941,31 @@ def _store_overhang(desc, dst, idx, box):
 
 # -- LDGSTS ------------------------------------------------------------------------------------------------------
 def cp_async(dst, dst_index, src, src_index, nbytes):
-    d = dst[dst_index:] if np.isscalar(dst_index) else dst[tuple(dst_index)]
-    s = src[src_index:] if np.isscalar(src_index) else src[tuple(src_index)]
     n = int(nbytes) // dst.dtype.itemsize
-    dflat = np.atleast_1d(d).reshape(-1) if np.ndim(d) else None
-    if dflat is None:  # a tuple index gave one element: address the memory directly
-        dflat = _flat_from(dst, dst_index)
-        sflat = _flat_from(src, src_index)
-    else:
-        sflat = np.atleast_1d(s).reshape(-1)
-    target = np.asarray(dflat[:n])
-    target[:] = sflat[:n]
+    target = _elements(dst, dst_index, n)
+    target[:] = _elements(src, src_index, n)
     me = _thread()
     site = caller_site()
     with _lock:
         lo, hi = bounds(target)
-        _add_fill(lo, hi, f"the bytes the cp_async at {site[0]}:{site[1]} copies",
-                  [(("cp.async", me), me.__dict__.get("_numbatma_cp_groups", 0))])
+        group = me.__dict__.get("_numbatma_cp_groups", 0)
+        fill = _add_fill(lo, hi, f"the bytes the cp_async at {site[0]}:{site[1]} copies", [(("cp.async", me), group)])
+        mine = me.__dict__.setdefault("_numbatma_cp_fills", [])
+        mine.append(fill)
+        if len(mine) > 64:  # only the copies not yet waited for matter to cp_async_mbarrier_arrive
+            done = knowledge(me).get(("cp.async", me), 0)
+            mine[:] = [f for f in mine if f.completions[0][1] >= done]
 
 
-def _flat_from(array, index):
-    base = np.ravel_multi_index(tuple(int(i) for i in index), array.shape)
-    return array.reshape(-1)[base:]
+def _elements(array, index, n):
+    """``n`` elements of ``array`` from ``index`` on (C order), as a plain NumPy view (no access checks)."""
+    a = array
+    while not isinstance(a, np.ndarray):  # the simulator's device arrays wrap a NumPy array
+        a = a._ary
+    a = np.asarray(a)
+    idx = (int(index),) if np.isscalar(index) else tuple(int(i) for i in index)
+    flat = a.reshape(-1)
+    if not np.shares_memory(flat, a):
+        raise SimulatedMisuse("cp_async: the array must be C-contiguous")
+    start = int(np.ravel_multi_index(idx, a.shape)) if len(idx) == a.ndim else idx[0]
+    return flat[start:start + n]
