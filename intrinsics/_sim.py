@@ -704,12 +704,11 @@ def cp_async_mbarrier_arrive(bar, counts_as_arrival):
     ref = barrier_of(bar)
     with _lock:
         b = _barrier_state(ref, "cp_async_mbarrier_arrive")
-        key = ("cp.async", me)
         for f in me.__dict__.get("_numbatma_cp_fills", ()):
             f.completions.append((b, b.phase))
         me._numbatma_cp_fills = []  # (bound to this phase now; later arrivals concern later copies)
-    if counts_as_arrival:
-        mbarrier_arrive(bar)
+        if counts_as_arrival:  # (under the same lock: the arrival counts towards that same phase)
+            mbarrier_arrive(bar)
 
 
 # -- named barriers -----------------------------------------------------------------------------------------
