@@ -85,8 +85,19 @@ __all__ = [
 ]
 
 
+# Modules that list their public names in __all__ (one PTX family each).
+from . import bulk, cluster, descriptor, im2col  # noqa: E402
+
+for _module in (bulk, cluster, descriptor, im2col):
+    for _name in _module.__all__:
+        globals()[_name] = getattr(_module, _name)
+    __all__ += list(_module.__all__)
+del _module
+
+
 def all_ptx():
     """Every PTX instruction description, by intrinsic name."""
     from . import async_copy, cache, fence, mbarrier, pipeline, tma, warp
 
-    return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX, **cache.PTX}
+    return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX, **cache.PTX,
+            **bulk.PTX, **cluster.PTX, **descriptor.PTX, **im2col.PTX}

@@ -10,6 +10,7 @@ objects at the top, so the PTX of any intrinsic is one search away.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -28,6 +29,42 @@ _OPERAND = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
+TARGETS = ("sm_90a", "sm_100a", "sm_120a")  # what numbatma compiles for (and CI links for)
+
+
+class UnsupportedTarget(RuntimeError):
+    """A kernel uses an operation whose PTX the compile target does not have."""
+
+
+def target_of(arch):
+    """``compute_90a`` / ``sm_90a`` / ``(9, 0, 'a')`` -> ``sm_90a`` (None when not recognisable)."""
+    if isinstance(arch, tuple):
+        arch = "sm_" + "".join(str(x) for x in arch)
+    digits = "".join(ch for ch in str(arch) if ch.isdigit())
+    if not digits:
+        return None
+    return f"sm_{digits}" + ("a" if str(arch).endswith("a") else "")
+
+
+def _capability(target):
+    digits = "".join(ch for ch in target if ch.isdigit())
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def check_targets(text, arch, instructions):
+    """Raise UnsupportedTarget if ``text`` (LLVM IR or PTX) uses one of ``instructions`` (name -> Ptx) that
+    the target ``arch`` lacks."""
+    target = target_of(arch)
+    if target is None or "numbatma:" not in text:
+        return
+    for name, ptx in instructions.items():
+        if ptx.targets is not None and target not in ptx.targets and ptx.marker in text:
+            raise UnsupportedTarget(
+                f"numbatma: {name} ({ptx.text.split()[0].lstrip('{')}...) is not available when compiling for "
+                f"{target}; PTX has it on {', '.join(ptx.targets)} only. Compile this kernel for one of those "
+                f"(a GPU of compute capability {_capability(ptx.targets[0])}) or do without {name}."
+            )
+
 
 @dataclass(frozen=True)
 class Ptx:
@@ -38,6 +75,10 @@ class Ptx:
     * ``out``: ``(name, regclass)`` of the single register output, or ``None``.
     * ``imm``: names of immediates, substituted as integers into the text.
     * ``min_sm``: oldest compute capability (major*10+minor) with the instruction.
+    * ``targets``: the targets (of ``TARGETS``) whose PTX has the instruction, or ``None`` for all of them.
+      A restricted instruction carries a marker comment (``// numbatma:<key>``) in its asm text, so that
+      compiling a kernel that uses it for another target raises :class:`UnsupportedTarget` naming the
+      operation, the target and where it is available (``check_targets``), instead of a ptxas error.
     """
 
     text: str
@@ -46,6 +87,7 @@ class Ptx:
     imm: tuple = ()
     min_sm: int = 90
     memory: bool = True  # the instruction reads or writes memory the compiler must not cache around
+    targets: tuple | None = None
     names: tuple = field(init=False, default=())
 
     def __post_init__(self):
@@ -53,6 +95,15 @@ class Ptx:
         declared = {n for n, _ in self.ins} | set(self.imm) | ({self.out[0]} if self.out else set())
         if used != declared:
             raise ValueError(f"Ptx {self.text!r}: operands used {sorted(used)} != declared {sorted(declared)}")
+        if self.targets is not None and not set(self.targets) <= set(TARGETS):
+            raise ValueError(f"Ptx {self.text!r}: targets {self.targets} not among {TARGETS}")
+
+    @property
+    def marker(self):
+        """``numbatma:<key>`` (a hash of the text) for instructions limited to some targets, else ''."""
+        if self.targets is None:
+            return ""
+        return "numbatma:" + hashlib.sha1(self.text.encode()).hexdigest()[:10]
 
     def render(self, **imm):
         """The PTX text with immediates spelled in and operands numbered as LLVM expects."""
@@ -64,7 +115,8 @@ class Ptx:
                 return str(int(imm[name]))
             return "$" + str(order.index(name))
 
-        return _OPERAND.sub(sub, self.text)
+        text = _OPERAND.sub(sub, self.text)
+        return text + (f" // {self.marker}" if self.targets is not None else "")
 
     def emit(self, builder, **operands):
         """Emit the instruction; ``operands`` maps each input name to an LLVM value (converted to the

@@ -318,6 +318,12 @@ def install():
 
     def compile_ir(llvmir, **options):
         arch = options.get("arch", "")
+        from numbatma.intrinsics import all_ptx
+        from numbatma.intrinsics._asm import check_targets
+
+        for module in (llvmir if isinstance(llvmir, (list, tuple)) else [llvmir]):
+            if isinstance(module, str):
+                check_targets(module, arch, all_ptx())
         if isinstance(llvmir, (list, tuple)):
             llvmir = [_nvvm_ir_for_arch(m, arch) for m in llvmir]
         else:

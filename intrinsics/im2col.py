@@ -1,0 +1,5 @@
+"""(being written)"""
+from __future__ import annotations
+
+__all__ = []
+PTX = {}
