@@ -11,6 +11,8 @@ from .async_copy import (
     cp_async_mbarrier_arrive_noinc,
     cp_async_wait_all,
     cp_async_wait_group,
+    memcpy_async,
+    memcpy_async_mbarrier,
 )
 from .cache import l2_policy_evict_first, l2_policy_evict_last, l2_policy_evict_normal
 from .fence import fence_mbarrier_init, fence_proxy_async_shared_cta, tensormap_acquire
@@ -37,6 +39,10 @@ from .tma import (
     bulk_wait_group_read,
     tma_load,
     tma_load_hinted,
+    tma_prefetch,
+    tma_prefetch_hinted,
+    tma_reduce,
+    tma_reduce_hinted,
     tma_store,
     tma_store_hinted,
 )
@@ -50,6 +56,8 @@ __all__ = [
     "cp_async_mbarrier_arrive_noinc",
     "cp_async_wait_all",
     "cp_async_wait_group",
+    "memcpy_async",
+    "memcpy_async_mbarrier",
     "elect_one_sync",
     "named_barrier_arrive",
     "named_barrier_sync",
@@ -80,15 +88,19 @@ __all__ = [
     "tensormap_acquire",
     "tma_load",
     "tma_load_hinted",
+    "tma_prefetch",
+    "tma_prefetch_hinted",
+    "tma_reduce",
+    "tma_reduce_hinted",
     "tma_store",
     "tma_store_hinted",
 ]
 
 
 # Modules that list their public names in __all__ (one PTX family each).
-from . import bulk, cluster, descriptor, im2col  # noqa: E402
+from . import bulk, cluster, cluster_copy, descriptor, im2col  # noqa: E402
 
-for _module in (bulk, cluster, descriptor, im2col):
+for _module in (bulk, cluster, cluster_copy, descriptor, im2col):
     for _name in _module.__all__:
         globals()[_name] = getattr(_module, _name)
     __all__ += list(_module.__all__)
@@ -100,4 +112,4 @@ def all_ptx():
     from . import async_copy, cache, fence, mbarrier, pipeline, tma, warp
 
     return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX, **cache.PTX,
-            **bulk.PTX, **cluster.PTX, **descriptor.PTX, **im2col.PTX}
+            **bulk.PTX, **cluster.PTX, **cluster_copy.PTX, **descriptor.PTX, **im2col.PTX}

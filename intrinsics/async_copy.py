@@ -4,8 +4,14 @@ commit groups or by an mbarrier.
 Each thread copies 4, 8 or 16 bytes per instruction; a block copies a tile cooperatively (the
 ``cuda::memcpy_async`` / ``cuda::pipeline`` model). Elements are named by an index into the array (an
 integer for 1-D arrays, a tuple otherwise), so views with strides work.
+
+``memcpy_async`` / ``memcpy_async_mbarrier`` are the block-cooperative form (``cuda::memcpy_async`` /
+``cooperative_groups::memcpy_async``): every thread of the block calls them with the same arguments and
+issues a strided share of 16-byte copies.
 """
 from __future__ import annotations
+
+import functools
 
 from ._asm import Ptx
 from ._define import (
@@ -36,11 +42,44 @@ MBARRIER_ARRIVE_NOINC = Ptx("cp.async.mbarrier.arrive.noinc.shared.b64 [$bar];",
 
 if not SIMULATING:
     from llvmlite import ir
-    from numba.cuda import cgutils, types
+    from numba.cuda import cgutils, nvvmutils, types
+    from numba.cuda.core import errors
 
     from numbatma._types import SharedArray
 
     from ._define import require_shared
+
+    class _LiteralRule(errors.TypingError):
+        """A rule broken by a compile-time constant argument (see ``literal_rules``)."""
+
+
+def literal_fail(op, message):
+    """``fail`` for a rule about a compile-time constant argument of a ``literal_rules`` intrinsic."""
+    raise _LiteralRule(f"{op}: {message}")
+
+
+def literal_rules(typer):
+    """For intrinsics with ``prefer_literal=True`` that also accept run-time values: Numba types such a call
+    first with the constants as literal types and, if that fails, again with plain integers - which pass, so
+    a constant that breaks a rule (``literal_fail``) would go unreported, and any other error would be
+    reported twice. Instead a failed typing with literal arguments succeeds with a lowering that raises the
+    TypingError: compilation still stops, with the one message and the call's line."""
+
+    @functools.wraps(typer)
+    def wrapped(typingctx, *args):
+        try:
+            return typer(typingctx, *args)
+        except errors.TypingError as exc:
+            if not any(isinstance(a, types.Literal) for a in args):
+                raise
+            message = exc.args[0] if exc.args else str(exc)
+
+            def codegen(context, builder, sig, args):
+                raise errors.TypingError(message)
+
+            return types.void(*args), codegen
+
+    return wrapped
 
 
 def _index_types(op, what, ary, index):
@@ -151,6 +190,126 @@ def cp_async_mbarrier_arrive_noinc(typingctx, bar):
     threads)."""
     require_barrier("cp_async_mbarrier_arrive_noinc", bar)
     return types.void(bar), _arrive(MBARRIER_ARRIVE_NOINC)
+
+
+# -- block-cooperative copies ----------------------------------------------------------------------------
+def _block_copy_types(op, dst, src, nbytes):
+    require_shared(op, "the destination", dst)
+    if not isinstance(src, types.Array) or isinstance(src, SharedArray):
+        fail(op, f"the source must be a global-memory array (a kernel argument or a slice of one), got {src}")
+    for what, ary in (("the destination", dst), ("the source", src)):
+        if ary.layout != "C":
+            fail(op, f"{what} ({ary}) must be C-contiguous (layout 'C'), got layout {ary.layout!r}: the copy moves "
+                     f"consecutive bytes from the first element on")
+    if dst.dtype != src.dtype:
+        fail(op, f"the destination holds {dst.dtype} but the source holds {src.dtype}")
+    if isinstance(nbytes, types.IntegerLiteral):
+        n = nbytes.literal_value
+        if n < 0 or n % 16:
+            literal_fail(op, f"nbytes must be a non-negative multiple of 16 (each thread copies 16-byte pieces), "
+                             f"got {n}")
+        if dst.nbytes is not None and n > dst.nbytes:
+            literal_fail(op, f"nbytes {n} exceeds the destination {dst.static_shape} ({dst.nbytes} bytes)")
+    elif not isinstance(nbytes, types.Integer):
+        fail(op, f"nbytes must be an integer, got {nbytes}")
+
+
+def _block_copy_codegen(finish):
+    """Lowering: thread t of the block copies the 16-byte pieces t, t + nthreads, ... with cp.async.cg,
+    then ``finish(context, builder, sig, args)`` (commit group or mbarrier arrive)."""
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        sreg = {n: nvvmutils.call_sreg(builder, n) for n in ("tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z")}
+        tid = builder.add(sreg["tid.x"], builder.mul(sreg["ntid.x"], builder.add(
+            sreg["tid.y"], builder.mul(sreg["ntid.y"], sreg["tid.z"]))))
+        nthreads = builder.mul(sreg["ntid.x"], builder.mul(sreg["ntid.y"], sreg["ntid.z"]))
+        dst = context.make_array(sig.args[0])(context, builder, args[0])
+        src = context.make_array(sig.args[1])(context, builder, args[1])
+        d0 = _shared_pointer(builder, builder.bitcast(dst.data, ir.IntType(8).as_pointer()))
+        s0 = builder.ptrtoint(src.data, ir.IntType(64))
+        nbytes = context.cast(builder, args[2], sig.args[2], types.uint32)
+        pieces = builder.lshr(nbytes, ir.Constant(i32, 4))
+        with cgutils.for_range_slice(builder, tid, pieces, nthreads, intp=i32) as (i, _):
+            off = builder.shl(i, ir.Constant(i32, 4))
+            COPY_CG.emit(builder, dst=builder.add(d0, off), src=builder.add(s0, builder.zext(off, ir.IntType(64))))
+        finish(context, builder, sig, args)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@device_op(prefer_literal=True, simulate=lambda dst, src, n: sim_memcpy_async(dst, src, n, None))
+@literal_rules
+def memcpy_async(typingctx, dst, src, nbytes):
+    """Block-cooperative asynchronous copy of ``nbytes`` bytes from the start of the global array ``src``
+    to the start of the shared array ``dst``, completing in a cp.async commit group.
+
+    Every thread of the block calls it (same arguments): thread ``t`` of ``n`` issues ``cp.async.cg.shared
+    .global [dst + 16k], [src + 16k], 16;`` for ``k = t, t + n, ...`` below ``nbytes / 16``, then
+    ``cp.async.commit_group;``. Before reading ``dst``: ``cp_async_wait_all()`` (or
+    ``cp_async_wait_group(0)``) in every thread, then ``cuda.syncthreads()``.
+
+    The caller guarantees: ``nbytes`` is a multiple of 16 (checked when constant) and fits in both arrays;
+    both starts are 16-byte aligned (``cuda.shared.array(..., alignment=16)``); all threads of the block
+    take part. Typing checks: C-contiguous shared destination and global source of the same dtype."""
+    _block_copy_types("memcpy_async", dst, src, nbytes)
+
+    def finish(context, builder, sig, args):
+        COMMIT_GROUP.emit(builder)
+
+    return types.void(dst, src, nbytes), _block_copy_codegen(finish)
+
+
+@device_op(prefer_literal=True, simulate=lambda dst, src, n, bar: sim_memcpy_async(dst, src, n, bar))
+@literal_rules
+def memcpy_async_mbarrier(typingctx, dst, src, nbytes, bar):
+    """``memcpy_async`` whose completion is an arrival on the mbarrier ``bar``: each thread issues its
+    16-byte ``cp.async.cg`` pieces, then ``cp.async.mbarrier.arrive.noinc.shared.b64 [bar];`` (the
+    completion of its copies is the thread's arrival).
+
+    The caller guarantees: ``bar`` was initialised with the number of threads of the block
+    (``mbarrier_init(bar, blockDim)``, then ``fence_mbarrier_init`` and ``cuda.syncthreads()``); every thread
+    calls this once per phase and then waits (``mbarrier_wait_parity(bar, phase & 1)``) before reading
+    ``dst``; plus the guarantees of ``memcpy_async``. No thread makes another arrival on ``bar`` in that
+    phase."""
+    op = "memcpy_async_mbarrier"
+    _block_copy_types(op, dst, src, nbytes)
+    require_barrier(op, bar)
+
+    def finish(context, builder, sig, args):
+        MBARRIER_ARRIVE_NOINC.emit(builder, bar=barrier_address(context, builder, sig.args[3], args[3]))
+
+    return types.void(dst, src, nbytes, bar), _block_copy_codegen(finish)
+
+
+def sim_memcpy_async(dst, src, nbytes, bar):
+    """Simulator semantics of ``memcpy_async`` (``bar`` None) and ``memcpy_async_mbarrier``."""
+    import numpy as np
+
+    s = sim()
+    op = "memcpy_async" if bar is None else "memcpy_async_mbarrier"
+    n = int(nbytes)
+    if n < 0 or n % 16:
+        raise s.SimulatedMisuse(f"{op}: nbytes must be a non-negative multiple of 16, got {n}")
+    for what, ary in (("the destination", dst), ("the source", src)):
+        a = ary
+        while not isinstance(a, np.ndarray):
+            a = a._ary
+        if n > a.nbytes:
+            raise s.SimulatedMisuse(f"{op}: {n} bytes do not fit in {what} ({a.nbytes} bytes)")
+        if a.__array_interface__["data"][0] % 16:
+            raise s.SimulatedMisuse(f"{op}: {what} is not 16-byte aligned")
+    per = 16 // dst.dtype.itemsize
+    me = s._thread()
+    block = me._manager._block_dim
+    nthreads = int(np.prod(block))
+    for k in range(s.thread_index(), n // 16, nthreads):
+        s.cp_async(dst, k * per, src, k * per, 16)
+    if bar is None:
+        s.cp_async_commit_group()
+    else:
+        s.cp_async_mbarrier_arrive(bar, True)
 
 
 PTX = {

@@ -1,4 +1,5 @@
-"""TMA tensor copies in tile mode (``cp.async.bulk.tensor``) and their bulk-group completion.
+"""TMA tensor copies in tile mode (``cp.async.bulk.tensor``), reduce-stores (``cp.reduce.async.bulk.tensor``),
+L2 prefetches of a box (``cp.async.bulk.prefetch.tensor``) and their bulk-group completion.
 
 Coordinates are given in the array's own index order, like the descriptor's box (``(row, col)`` for a
 2-D array); the PTX wants the innermost coordinate first, and the reversal happens here. Coordinates are
@@ -15,6 +16,7 @@ from ._define import (
     descriptor_address,
     device_op,
     emit_only,
+    fail,
     require_barrier,
     require_int,
     require_literal_int,
@@ -24,6 +26,20 @@ from ._define import (
     sim,
     to_i32,
 )
+
+__all__ = [
+    "bulk_commit_group",
+    "bulk_wait_group",
+    "bulk_wait_group_read",
+    "tma_load",
+    "tma_load_hinted",
+    "tma_prefetch",
+    "tma_prefetch_hinted",
+    "tma_reduce",
+    "tma_reduce_hinted",
+    "tma_store",
+    "tma_store_hinted",
+]
 
 RANKS = (1, 2, 3, 4, 5)
 
@@ -66,6 +82,59 @@ STORE_TILE_HINT = {
         f"cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group.L2::cache_hint "
         f"[$tmap, {{{_coord_list(r)}}}], [$src], $policy;",
         ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"), ("policy", "b64")),
+    )
+    for r in RANKS
+}
+# Reduce-stores: each element of the box in global memory becomes ``old <op> tile element``.
+REDUCE_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
+REDUCE_TILE = {
+    (op, r): Ptx(
+        f"cp.reduce.async.bulk.tensor.{r}d.global.shared::cta.{op}.tile.bulk_group "
+        f"[$tmap, {{{_coord_list(r)}}}], [$src];",
+        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"),),
+    )
+    for op in REDUCE_OPS
+    for r in RANKS
+}
+REDUCE_TILE_HINT = {
+    (op, r): Ptx(
+        f"cp.reduce.async.bulk.tensor.{r}d.global.shared::cta.{op}.tile.bulk_group.L2::cache_hint "
+        f"[$tmap, {{{_coord_list(r)}}}], [$src], $policy;",
+        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"), ("policy", "b64")),
+    )
+    for op in REDUCE_OPS
+    for r in RANKS
+}
+# The element types (the descriptor's TMA data type) each reduction is defined for (PTX ISA,
+# cp.reduce.async.bulk.tensor: "valid combinations of .redOp and element type").
+REDUCE_TYPES = {
+    "add": ("UINT32", "INT32", "UINT64", "FLOAT32", "FLOAT16", "BFLOAT16"),
+    "min": ("UINT32", "INT32", "UINT64", "INT64", "FLOAT16", "BFLOAT16"),
+    "max": ("UINT32", "INT32", "UINT64", "INT64", "FLOAT16", "BFLOAT16"),
+    "inc": ("UINT32",),
+    "dec": ("UINT32",),
+    "and": ("UINT32", "INT32", "UINT64", "INT64"),
+    "or": ("UINT32", "INT32", "UINT64", "INT64"),
+    "xor": ("UINT32", "INT32", "UINT64", "INT64"),
+}
+# TMA data type -> the array dtypes that give it (for messages).
+_TMA_TYPE_NAMES = {
+    "UINT8": "uint8/int8/bool", "UINT16": "uint16/int16", "UINT32": "uint32", "INT32": "int32",
+    "UINT64": "uint64", "INT64": "int64", "FLOAT16": "float16", "BFLOAT16": "bfloat16", "FLOAT32": "float32",
+    "FLOAT64": "float64", "TFLOAT32": "float32 with tf32=True",
+}
+# L2 prefetch of a box: no shared memory, no completion.
+PREFETCH_TILE = {
+    r: Ptx(
+        f"cp.async.bulk.prefetch.tensor.{r}d.L2.global.tile [$tmap, {{{_coord_list(r)}}}];",
+        ins=(("tmap", "b64"),) + _coord_ins(r),
+    )
+    for r in RANKS
+}
+PREFETCH_TILE_HINT = {
+    r: Ptx(
+        f"cp.async.bulk.prefetch.tensor.{r}d.L2.global.tile.L2::cache_hint [$tmap, {{{_coord_list(r)}}}], $policy;",
+        ins=(("tmap", "b64"),) + _coord_ins(r) + (("policy", "b64"),),
     )
     for r in RANKS
 }
@@ -188,6 +257,201 @@ def tma_store_hinted(typingctx, desc, coords, src, policy):
     return _tile_store("tma_store_hinted", STORE_TILE_HINT, desc, coords, src, policy)
 
 
+def reduce_type_error(op, tma_dtype):
+    """Why PTX does not define the reduction ``op`` on elements of TMA data type ``tma_dtype`` (a driver
+    ``CUtensorMapDataType`` suffix such as ``"FLOAT32"``), or None when it does."""
+    if op not in REDUCE_OPS:
+        return f"unknown reduction {op!r}; the reductions are {', '.join(repr(o) for o in REDUCE_OPS)}"
+    allowed = REDUCE_TYPES[op]
+    if tma_dtype in allowed:
+        return None
+    name = _TMA_TYPE_NAMES.get(tma_dtype, tma_dtype)
+    message = (f"reduction {op!r} is not defined for {name} elements (the descriptor's TMA data type "
+               f"{tma_dtype}); PTX defines {op!r} for {', '.join(_TMA_TYPE_NAMES[t] for t in allowed)} elements only")
+    if op == "add" and tma_dtype == "INT64":
+        message += ("; two's-complement addition gives the same bits for int64 and uint64, so describe the array "
+                    "viewed as uint64 (TensorMap(array.view(np.uint64), ...))")
+    return message
+
+
+def _reduce_op(op, kind, desc):
+    """The reduction named by the literal string ``kind``, checked against the descriptor's element type."""
+    if not (isinstance(kind, types.StringLiteral) and isinstance(kind.literal_value, str)):
+        fail(op, f"the reduction must be a compile-time constant string (one of "
+                 f"{', '.join(repr(o) for o in REDUCE_OPS)}), got {kind}")
+    name = kind.literal_value
+    if name not in REDUCE_OPS:
+        fail(op, f"unknown reduction {name!r}; the reductions are {', '.join(repr(o) for o in REDUCE_OPS)}")
+    require_tensormap(op, desc)
+    error = reduce_type_error(name, desc.tma_dtype)
+    if error:
+        fail(op, error)
+    return name
+
+
+def _tile_reduce(op, ptx, kind, desc, coords, src, policy=None):
+    """Typing checks and lowering of a reduce-store (``ptx`` by (reduction, rank))."""
+    name = _reduce_op(op, kind, desc)
+    sig, store_codegen = _tile_store(op, {r: ptx[(name, r)] for r in RANKS}, desc, coords, src, policy)
+
+    def codegen(context, builder, sig, args):
+        return store_codegen(context, builder, sig.replace(args=sig.args[1:]), args[1:])
+
+    return types.void(kind, *sig.args), codegen
+
+
+# -- simulator semantics of the reduce-stores and prefetches -------------------------------------------
+def _sim_coords(op, desc, coords):
+    import numpy as np
+
+    coords = (coords,) if np.isscalar(coords) else tuple(coords)
+    if len(coords) != desc.rank:
+        raise TypeError(
+            f"{op}: the descriptor has rank {desc.rank} (box {desc.box}) but {len(coords)} coordinates were given; "
+            f"pass one coordinate per dimension, in the array's own index order"
+        )
+    return coords
+
+
+def _combine(kind, old, val):
+    """``old <kind> val`` elementwise with PTX semantics (NumPy arrays of the element dtype)."""
+    import numpy as np
+
+    if kind == "add":
+        return old + val  # (integers wrap around, floats round to the element type)
+    if kind in ("min", "max"):
+        if old.dtype.kind == "f" or old.dtype.name == "bfloat16":
+            # PTX min/max of floats: a NaN operand yields the other operand
+            pick = np.fmin if kind == "min" else np.fmax
+            return pick(old.astype(np.float32), val.astype(np.float32)).astype(old.dtype)
+        return np.minimum(old, val) if kind == "min" else np.maximum(old, val)
+    if kind == "inc":
+        return np.where(old >= val, old.dtype.type(0), old + old.dtype.type(1))
+    if kind == "dec":
+        return np.where((old == 0) | (old > val), val, old - old.dtype.type(1))
+    return {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[kind](old, val)
+
+
+def _sim_reduce(op, kind, desc, coords, src_tile):
+    """The reduce-store happens when issued: the in-bounds part of the box in global memory becomes
+    ``old <kind> tile``; the tile is recorded as read by the store until its bulk group is waited for."""
+    import numpy as np
+
+    _sim = sim()
+    error = reduce_type_error(kind, getattr(desc, "tma_dtype", None))
+    if error:
+        raise TypeError(f"{op}: {error}")
+    coords = _sim_coords(op, desc, coords)
+    if any(int(c) < 0 for c in coords):
+        raise _sim.SimulatedMisuse(
+            f"{op}: coordinates {tuple(int(c) for c in coords)} are negative; on an H200 a tile reduce with a "
+            f"negative coordinate stops the kernel with an illegal-instruction error (scripts/probe_reduce.py). "
+            f"Boxes may hang over the end of the tensor, not over its start."
+        )
+    dst = _sim._host_array(desc)
+    idx = _sim._box_index(desc, coords)
+    shape = tuple(len(i) for i, _ in idx)
+    site = _sim.caller_site()
+    with _sim._lock:
+        lo, hi = _sim.bounds(src_tile)
+        _sim._check_store_source(lo, hi, op)
+        _sim._add_store_read(lo, hi, site)
+    tile = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
+    footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
+    if tile.size != footprint:
+        raise _sim.SimulatedMisuse(f"{op}: the shared tile holds {tile.size} bytes but a box of the descriptor "
+                                   f"occupies {footprint} bytes (shared shape {desc.shared_shape})")
+    nbytes = int(np.prod(shape)) * desc.dtype.itemsize
+    raw = tile.reshape(-1, 16)[_sim._tile_chunks(desc, shape[-1] * desc.dtype.itemsize, nbytes)].reshape(-1)
+    box = raw.view(desc.dtype).reshape(shape)
+    sel = np.ix_(*[i[m] for i, m in idx])
+    part = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx])]
+    with _sim._lock:  # (each element's update is atomic on the GPU)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dst[sel] = _combine(kind, dst[sel], part)
+
+
+def _sim_prefetch(op, desc, coords):
+    """A prefetch changes no data: the simulator only checks the coordinates."""
+    _sim_coords(op, desc, coords)
+
+
+@device_op(prefer_literal=True, simulate=lambda kind, desc, coords, src: _sim_reduce("tma_reduce", kind, desc,
+                                                                                      coords, src))
+def tma_reduce(typingctx, kind, desc, coords, src):
+    """Start a TMA reduce-store of the shared tile ``src`` into the box at ``coords`` of ``desc``, in the
+    current bulk group: every in-bounds element ``g`` of the box in global memory becomes ``g <kind> s`` with
+    ``s`` the tile's element (out-of-bounds elements of the box are skipped).
+
+    ``kind`` is a string constant: ``"add"``, ``"min"``, ``"max"``, ``"inc"`` (``g >= s ? 0 : g + 1``),
+    ``"dec"`` (``g == 0 or g > s ? s : g - 1``), ``"and"``, ``"or"``, ``"xor"``. Emits
+    ``cp.reduce.async.bulk.tensor.<r>d.global.shared::cta.<kind>.tile.bulk_group [desc, {...}], [src];``.
+
+    The descriptor's element type must be one PTX defines the reduction for (checked at typing time):
+    add: uint32, int32, uint64, float32, float16, bfloat16; min/max: uint32, int32, uint64, int64, float16,
+    bfloat16; inc/dec: uint32; and/or/xor: uint32, int32, uint64, int64.
+
+    Coordinates must be >= 0: on an H200 a reduce whose box starts before the tensor (a negative coordinate
+    in any dimension) stopped the kernel with an illegal-instruction error (``scripts/probe_reduce.py``);
+    boxes hanging over the end are clipped. The simulator reports negative coordinates.
+
+    Each element's update is atomic (``.relaxed.gpu``), so boxes of several CTAs may overlap; their order
+    is not defined (floating-point sums may round differently from run to run). The caller guarantees what
+    ``tma_store`` asks: the tile's writers fenced (``fence_proxy_async_shared_cta()``) and synchronised
+    before one thread issues it; ``src`` is not overwritten before ``bulk_wait_group_read``;
+    ``bulk_commit_group()`` and ``bulk_wait_group(0)`` before relying on the result.
+    """
+    return _tile_reduce("tma_reduce", REDUCE_TILE, kind, desc, coords, src)
+
+
+@device_op(prefer_literal=True, simulate=lambda kind, desc, coords, src, policy: _sim_reduce(
+    "tma_reduce_hinted", kind, desc, coords, src))
+def tma_reduce_hinted(typingctx, kind, desc, coords, src, policy):
+    """``tma_reduce`` with an L2 cache policy (``policy`` from ``l2_policy_evict_first()`` etc.):
+    ``cp.reduce.async.bulk.tensor.<r>d.global.shared::cta.<kind>.tile.bulk_group.L2::cache_hint
+    [desc, {...}], [src], policy;``. Same element types and caller guarantees as ``tma_reduce``."""
+    return _tile_reduce("tma_reduce_hinted", REDUCE_TILE_HINT, kind, desc, coords, src, policy)
+
+
+def _tile_prefetch(op, ptx, desc, coords, policy=None):
+    require_tensormap(op, desc)
+    coords_types(op, desc, coords)
+    operands = (desc, coords)
+    if policy is not None:
+        require_int(op, "the cache policy", policy)
+        operands += (policy,)
+    rank = desc.rank
+
+    def codegen(context, builder, sig, args):
+        ptx[rank].emit(
+            builder,
+            tmap=descriptor_address(builder, args[0]),
+            **_policy_operand(context, builder, sig, args, 2),
+            **_coord_operands(context, builder, sig.args[1], args[1], rank),
+        )
+        return context.get_dummy_value()
+
+    return types.void(*operands), codegen
+
+
+@device_op(simulate=lambda desc, coords: _sim_prefetch("tma_prefetch", desc, coords))
+def tma_prefetch(typingctx, desc, coords):
+    """Start bringing the box at ``coords`` of ``desc`` into the L2 cache:
+    ``cp.async.bulk.prefetch.tensor.<r>d.L2.global.tile [desc, {...}];``.
+
+    A hint with no completion and no shared memory: a later ``tma_load`` of the box may find it in L2.
+    Boxes partly or wholly out of bounds are allowed (nothing is fetched for the missing part). Any thread
+    may issue it; it changes no data."""
+    return _tile_prefetch("tma_prefetch", PREFETCH_TILE, desc, coords)
+
+
+@device_op(simulate=lambda desc, coords, policy: _sim_prefetch("tma_prefetch_hinted", desc, coords))
+def tma_prefetch_hinted(typingctx, desc, coords, policy):
+    """``tma_prefetch`` with an L2 cache policy: ``cp.async.bulk.prefetch.tensor.<r>d.L2.global.tile
+    .L2::cache_hint [desc, {...}], policy;`` (e.g. ``l2_policy_evict_last()`` for a box read again soon)."""
+    return _tile_prefetch("tma_prefetch_hinted", PREFETCH_TILE_HINT, desc, coords, policy)
+
+
 @device_op(simulate=lambda: sim().bulk_commit_group())
 def bulk_commit_group(typingctx):
     """``cp.async.bulk.commit_group;`` - close the current bulk group (the TMA stores issued by this
@@ -216,6 +480,10 @@ PTX = {
     **{f"tma_store(rank={r})": p for r, p in STORE_TILE.items()},
     **{f"tma_load_hinted(rank={r})": p for r, p in LOAD_TILE_HINT.items()},
     **{f"tma_store_hinted(rank={r})": p for r, p in STORE_TILE_HINT.items()},
+    **{f"tma_reduce(kind={op!r}, rank={r})": p for (op, r), p in REDUCE_TILE.items()},
+    **{f"tma_reduce_hinted(kind={op!r}, rank={r})": p for (op, r), p in REDUCE_TILE_HINT.items()},
+    **{f"tma_prefetch(rank={r})": p for r, p in PREFETCH_TILE.items()},
+    **{f"tma_prefetch_hinted(rank={r})": p for r, p in PREFETCH_TILE_HINT.items()},
     "bulk_commit_group": COMMIT_GROUP,
     "bulk_wait_group": WAIT_GROUP,
     "bulk_wait_group_read": WAIT_GROUP_READ,

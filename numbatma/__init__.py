@@ -41,6 +41,9 @@ else:
     def _typeof_tensormap_array(val, c):
         return val.numba_type
 
+from .cluster import cluster_kernel, cluster_launch_bounds, with_cluster  # noqa: E402
+from .im2col import Im2colTensorMap  # noqa: E402
+
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -52,4 +55,8 @@ __all__ = [
     "TensorMapArray",
     "TensorMapError",
     "array_layout",
+    "Im2colTensorMap",
+    "cluster_kernel",
+    "cluster_launch_bounds",
+    "with_cluster",
 ]

@@ -30,6 +30,14 @@ The hooks:
    ``overload_method`` implementations) asks the *current device* for its compute capability, which needs a
    driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers with the compile target
    instead, so kernels built from device functions compile to PTX on machines without a GPU.
+8. Thread-block clusters (``numbatma/cluster.py``). ``numba.cuda.dispatcher.LaunchConfig`` (the
+   ``cuda.core.LaunchConfig`` that ``_Kernel.launch`` builds): inside :func:`cluster_launch` (what
+   ``numbatma.with_cluster`` uses) the launch gets ``cluster=(x, y, z)`` and its grid divided by the cluster
+   shape (cuda.core counts a clustered grid in clusters; numbatma's callers count blocks).
+   ``numba.cuda.cudadrv.nvvm.set_launch_bounds``: a ``launch_bounds`` carrying ``cluster_dims``
+   (:class:`numbatma.cluster.ClusterLaunchBounds`) also gets the kernel's NVVM ``cluster_dim_{x,y,z}``
+   annotations (PTX ``.explicitcluster`` / ``.reqnctapercluster``); ``_Kernel.launch`` (hook 3's wrapper)
+   checks that the grid is a multiple of such a kernel's cluster shape.
 """
 from __future__ import annotations
 
@@ -111,7 +119,7 @@ def mark_grid_constant_params(function):
 def _prepare_numbatma_arg(ty, val, kernelargs):
     """Append a descriptor argument; False for any other argument. On the launch path: keep it cheap."""
     cls = type(ty)
-    if cls is _TensorMapType:
+    if cls is _TensorMapType or getattr(cls, "by_value_descriptor", False):  # tiled or im2col descriptor
         desc = val._descriptor
         kernelargs.append(desc if desc is not None else val.descriptor)
         return True
@@ -177,6 +185,67 @@ def _device_for_compile(original):
         return original()
 
     return get_current_device
+
+
+# -- hook 8: thread-block clusters ---------------------------------------------------------------------
+_cluster = threading.local()
+
+
+@contextlib.contextmanager
+def cluster_launch(dims):
+    """Kernel launches made by this thread within the block run in clusters of shape ``dims`` (an
+    ``(x, y, z)`` tuple; None: no launch attribute)."""
+    previous = getattr(_cluster, "dims", None)
+    _cluster.dims = dims
+    try:
+        yield
+    finally:
+        _cluster.dims = previous
+
+
+def _clustered_launch_config(original):
+    """Wrap cuda.core's LaunchConfig as numba-cuda's launch calls it (keywords only): add the cluster shape of
+    the enclosing :func:`cluster_launch`, with the grid (in blocks) converted to clusters."""
+
+    def LaunchConfig(*args, **kwargs):
+        dims = getattr(_cluster, "dims", None)
+        if dims is not None and not args:
+            _cluster.dims = None  # one launch per cluster_launch block
+            grid = kwargs["grid"]
+            kwargs["grid"] = tuple(g // c for g, c in zip(grid, dims))
+            kwargs["cluster"] = tuple(dims)
+        return original(*args, **kwargs)
+
+    LaunchConfig._numbatma_original = original
+    return LaunchConfig
+
+
+def add_cluster_annotations(kernel, dims):
+    """NVVM ``cluster_dim_x/y/z`` annotations of ``kernel`` (an LLVM function): PTX ``.reqnctapercluster``."""
+    module = kernel.module
+    annotations = module.add_named_metadata("nvvm.annotations")  # (the existing node, if there is one)
+    for axis, d in zip("xyz", dims):
+        annotations.add(module.add_metadata(
+            (kernel, ir.MetaDataString(module, "cluster_dim_" + axis), ir.Constant(ir.IntType(32), int(d)))
+        ))
+
+
+def _launch_bounds_with_cluster(original):
+    def set_launch_bounds(kernel, launch_bounds):
+        original(kernel, launch_bounds)
+        dims = getattr(launch_bounds, "cluster_dims", None)
+        if dims is not None:
+            add_cluster_annotations(kernel, dims)
+
+    return set_launch_bounds
+
+
+def _check_compiled_cluster_grid(kernel, griddim):
+    dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
+    if dims is not None:
+        from .cluster import check_grid
+
+        check_grid(griddim, dims)
 
 
 # -- hook 7: the simulator (shared arrays, block barriers, warp operations, device limits) ---------------
@@ -287,6 +356,8 @@ def _hook_points():
         "Cuda_shared_array.generic": (cudadecl.Cuda_shared_array, "generic"),
         "nvvm.compile_ir": (nvvm, "compile_ir"),
         "dispatcher.get_current_device": (dispatcher, "get_current_device"),
+        "dispatcher.LaunchConfig": (dispatcher, "LaunchConfig"),
+        "nvvm.set_launch_bounds": (nvvm, "set_launch_bounds"),
     }
 
 
@@ -345,6 +416,7 @@ def install():
     original_launch = kernel_cls.launch
 
     def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        _check_compiled_cluster_grid(self, griddim)
         if sharedmem and not config.ENABLE_CUDASIM:
             _ensure_dynamic_smem(self, sharedmem)
         return original_launch(self, args, griddim, blockdim, stream, sharedmem)
@@ -378,4 +450,7 @@ def install():
 
     disp_mod, _ = points["dispatcher.get_current_device"]
     disp_mod.get_current_device = _device_for_compile(disp_mod.get_current_device)
+
+    disp_mod.LaunchConfig = _clustered_launch_config(disp_mod.LaunchConfig)
+    nvvm_mod.set_launch_bounds = _launch_bounds_with_cluster(nvvm_mod.set_launch_bounds)
     _installed = True

@@ -685,6 +685,10 @@ class TensorMapArray:
         from numba import cuda
 
         self.tensormaps = tensormaps
+        self._numba_type = None
+        if _SIMULATING:  # the simulator reads the TensorMap objects (descriptor.py edits them): no bytes
+            self.device_array = None
+            return
         raw = np.frombuffer(b"".join(t.to_bytes() for t in tensormaps), dtype=np.uint8).reshape(len(tensormaps), 128)
         self.device_array = cuda.to_device(raw)
         self._numba_type = None

@@ -178,7 +178,22 @@ def _ptx_regex(text):
     return r"[^;\n]*?".join(parts).replace(r"\ ", r"\s+")
 
 
-@pytest.mark.parametrize("name", sorted(all_ptx()))
+def _core_ptx():
+    """The instructions of the core modules, which every_intrinsic / every_pipeline_op use (the later
+    families - bulk, cluster, descriptor, im2col, tensor reduce/prefetch - have their own test files; the
+    architecture matrix links every instruction: tests/test_target_matrix.py)."""
+    from numbatma.intrinsics import async_copy, cache, fence, mbarrier, pipeline, warp
+    from numbatma.intrinsics.tma import LOAD_TILE, LOAD_TILE_HINT, STORE_TILE, STORE_TILE_HINT
+
+    core = {**mbarrier.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX, **cache.PTX}
+    tile = {id(p) for d in (LOAD_TILE, LOAD_TILE_HINT, STORE_TILE, STORE_TILE_HINT) for p in d.values()}
+    from numbatma.intrinsics import tma
+
+    core.update({n: p for n, p in tma.PTX.items() if id(p) in tile or n.startswith("bulk_")})
+    return {n: p for n, p in core.items() if n in all_ptx()}
+
+
+@pytest.mark.parametrize("name", sorted(_core_ptx()))
 def test_every_instruction_in_ptx(compiled, name):
     arch, ptx, cubin, _ = compiled
     text = all_ptx()[name].text

@@ -1,5 +1,6 @@
 """Fails loudly when numba-cuda changes under numbatma's hooks (numbatma/_numba_internals.py)."""
 import inspect
+import re
 
 import numpy as np
 from numba import cuda, types
@@ -29,7 +30,7 @@ def test_hook_points_exist_with_expected_signatures():
     assert dispatcher._Kernel.launch.__module__ == internals.__name__
     assert set(points) == {
         "nvvm.set_cuda_kernel", "_Kernel._prepare_args", "_Kernel.launch", "Cuda_shared_array.generic",
-        "nvvm.compile_ir", "dispatcher.get_current_device",
+        "nvvm.compile_ir", "dispatcher.get_current_device", "dispatcher.LaunchConfig", "nvvm.set_launch_bounds",
     }
     assert dispatcher.get_current_device.__module__ == internals.__name__
     # compile_device asks get_current_device() (looked up in the dispatcher module) for the target CC
@@ -41,6 +42,29 @@ def test_hook_points_exist_with_expected_signatures():
 
     assert "nvvm.set_cuda_kernel(kernel)" in inspect.getsource(compiler.kernel_fixup)
     assert "kernel.args = kernel.args[1:]" in inspect.getsource(compiler.kernel_fixup)
+
+
+def test_cluster_hook_points():
+    """Hook 8: _Kernel.launch builds its launch configuration by calling dispatcher.LaunchConfig with keywords;
+    cuda.core's LaunchConfig takes cluster= and then counts the grid in clusters; kernels get their launch
+    bounds through nvvm.set_launch_bounds(kernel, launch_bounds), which stores the bounds on the _Kernel."""
+    from cuda.core import LaunchConfig
+    from numba.cuda import compiler, dispatcher
+    from numba.cuda.cudadrv import nvvm
+
+    assert dispatcher.LaunchConfig.__module__ == internals.__name__
+    assert dispatcher.LaunchConfig._numbatma_original is LaunchConfig
+    assert nvvm.set_launch_bounds.__module__ == internals.__name__
+    source = inspect.getsource(dispatcher)  # (_Kernel.launch itself is numbatma's wrapper)
+    assert re.search(r"config = LaunchConfig\(\s*grid=griddim,\s*block=blockdim,\s*shmem_size=sharedmem,", source)
+    assert "from cuda.core import launch, LaunchConfig" in source
+    assert "cluster" in LaunchConfig.__init__.__doc__ and "cluster" in LaunchConfig.__doc__
+    assert "the grid parameter represents the number of\nclusters (not blocks)" in LaunchConfig.__doc__
+    init = inspect.getsource(dispatcher._Kernel.__init__)
+    assert "nvvm.set_launch_bounds(kernel, launch_bounds)" in init and "self.launch_bounds = launch_bounds" in init
+    assert "nvvm.set_launch_bounds(kernel, launch_bounds)" in inspect.getsource(compiler)
+    assert 'targetoptions["launch_bounds"] = launch_bounds' in inspect.getsource(cuda.jit)
+    assert "_Kernel(self.py_func, argtypes, **self.targetoptions)" in inspect.getsource(dispatcher.CUDADispatcher)
 
 
 def test_simulator_hook_points_exist():
