@@ -906,9 +906,10 @@ def tma_store(desc, coords, src_tile):
     _store_overhang(desc, dst, idx, box)
 
 
-def _store_overhang(desc, dst, idx, box):
+def _store_overhang(desc, dst, idx, box, combine=None):
     """The hardware completes each innermost row a store clips to the next 16-byte boundary (see
-    ``TensorMap.store_overhang``): write those bytes too, into the memory that follows the row."""
+    ``TensorMap.store_overhang``): write those bytes too, into the memory that follows the row. Reduces do
+    the same (observed on an H200): ``combine(old, tile)`` gives what lands there."""
     extra = desc.store_overhang // desc.dtype.itemsize
     inner_ok = idx[-1][1]
     if not extra or desc.element_strides[-1] != 1 or inner_ok.all() or not inner_ok[-1:].size or inner_ok[-1]:
@@ -935,7 +936,9 @@ def _store_overhang(desc, dst, idx, box):
         )
     wide = np.lib.stride_tricks.as_strided(dst, shape=dst.shape[:-1] + (n + extra,), strides=dst.strides)
     inner_box = np.arange(first, first + extra)
-    wide[np.ix_(*outer, np.arange(n, n + extra))] = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx[:-1]], inner_box)]
+    sel = np.ix_(*outer, np.arange(n, n + extra))
+    values = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx[:-1]], inner_box)]
+    wide[sel] = values if combine is None else combine(wide[sel], values)
 
 
 # -- LDGSTS ------------------------------------------------------------------------------------------------------

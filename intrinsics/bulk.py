@@ -325,12 +325,20 @@ def _cluster_operand(op, what, ty, barrier=False):
         require_shared(op, what, ty)
 
 
+# A shared::cta address of this CTA turned into its shared::cluster address (mapa with the CTA's own rank):
+# on an H200 the raw shared::cta address as the destination of cp.async.bulk.shared::cluster faulted.
+MAPA_SELF = Ptx("{ .reg .u32 %nbtma_rank; mov.u32 %nbtma_rank, %cluster_ctarank; "
+                "mapa.shared::cluster.u32 $out, $addr, %nbtma_rank; }", ins=(("addr", "b32"),), out=("out", "b32"))
+
+
 def _cluster_address(context, builder, ty, value, barrier=False):
     if isinstance(ty, types.Integer):
         return _u32(context, builder, ty, value)
     if barrier:
-        return barrier_address(context, builder, ty, value)
-    return _shared_pointer(builder, _first_pointer(context, builder, ty, value))
+        own = barrier_address(context, builder, ty, value)
+    else:
+        own = _shared_pointer(builder, _first_pointer(context, builder, ty, value))
+    return MAPA_SELF.emit(builder, addr=own)
 
 
 @device_op(prefer_literal=True,
@@ -344,8 +352,8 @@ def bulk_copy_to_cluster(typingctx, dst, src, nbytes, bar):
 
     Emits ``cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];``.
 
-    ``dst`` and ``bar`` may also be this CTA's own shared array / mbarrier (their shared::cta addresses are
-    valid shared::cluster addresses of the issuing CTA). The caller guarantees: the destination CTA's
+    ``dst`` and ``bar`` may also be this CTA's own shared array / mbarrier: they are translated with
+    ``mapa.shared::cluster`` to this CTA's rank first (passing the raw shared::cta address faulted on an H200). The caller guarantees: the destination CTA's
     barrier expects the bytes (``mbarrier_arrive_expect_tx`` there) and the destination CTA is running
     (a cluster barrier after the barriers are initialised); the threads that wrote ``src`` fenced
     (``fence_proxy_async_shared_cta``) and passed a block barrier; ``src`` is not overwritten before the
@@ -491,6 +499,7 @@ PTX = {
     "bulk_load": LOAD,
     "bulk_store": STORE,
     "bulk_copy_to_cluster": CLUSTER_COPY,
+    "bulk_copy_to_cluster(own address)": MAPA_SELF,
     "bulk_prefetch_l2": PREFETCH_L2,
     **{f"bulk_reduce({op}.{suffix})": p for (op, suffix), p in REDUCE.items()},
 }

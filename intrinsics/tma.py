@@ -113,9 +113,11 @@ REDUCE_TYPES = {
     "max": ("UINT32", "INT32", "UINT64", "INT64", "FLOAT16", "BFLOAT16"),
     "inc": ("UINT32",),
     "dec": ("UINT32",),
-    "and": ("UINT32", "INT32", "UINT64", "INT64"),
-    "or": ("UINT32", "INT32", "UINT64", "INT64"),
-    "xor": ("UINT32", "INT32", "UINT64", "INT64"),
+    # (PTX lists b64 too, but on an H200 a bitwise reduce through an INT64 descriptor stopped the kernel with
+    # an illegal-instruction error while UINT64 worked: scripts/probe_reduce_ops.py; INT64 is refused here)
+    "and": ("UINT32", "INT32", "UINT64"),
+    "or": ("UINT32", "INT32", "UINT64"),
+    "xor": ("UINT32", "INT32", "UINT64"),
 }
 # TMA data type -> the array dtypes that give it (for messages).
 _TMA_TYPE_NAMES = {
@@ -271,6 +273,10 @@ def reduce_type_error(op, tma_dtype):
     if op == "add" and tma_dtype == "INT64":
         message += ("; two's-complement addition gives the same bits for int64 and uint64, so describe the array "
                     "viewed as uint64 (TensorMap(array.view(np.uint64), ...))")
+    elif op in ("and", "or", "xor") and tma_dtype == "INT64":
+        message += ("; through an INT64 descriptor it stops the kernel on an H200 (scripts/probe_reduce_ops.py), "
+                    "and the bits are the same for uint64: describe the array viewed as uint64 "
+                    "(TensorMap(array.view(np.uint64), ...))")
     return message
 
 
@@ -369,6 +375,8 @@ def _sim_reduce(op, kind, desc, coords, src_tile):
     with _sim._lock:  # (each element's update is atomic on the GPU)
         with np.errstate(over="ignore", invalid="ignore"):
             dst[sel] = _combine(kind, dst[sel], part)
+            # like a store, a reduce completes clipped rows to 16 bytes (H200: the padding is reduced too)
+            _sim._store_overhang(desc, dst, idx, box, lambda old, new: _combine(kind, old, new))
 
 
 def _sim_prefetch(op, desc, coords):
@@ -389,7 +397,8 @@ def tma_reduce(typingctx, kind, desc, coords, src):
 
     The descriptor's element type must be one PTX defines the reduction for (checked at typing time):
     add: uint32, int32, uint64, float32, float16, bfloat16; min/max: uint32, int32, uint64, int64, float16,
-    bfloat16; inc/dec: uint32; and/or/xor: uint32, int32, uint64, int64.
+    bfloat16; inc/dec: uint32; and/or/xor: uint32, int32, uint64 (int64: view it as uint64; an INT64
+    descriptor faulted on an H200).
 
     Coordinates must be >= 0: on an H200 a reduce whose box starts before the tensor (a negative coordinate
     in any dimension) stopped the kernel with an illegal-instruction error (``scripts/probe_reduce.py``);

@@ -108,9 +108,9 @@ def test_negative_coordinates_are_reported(coords):
                                                                        np.array([coords], np.int32))
 
 
-def test_no_overhang_past_a_clipped_row():
-    # rows of 70 float32 (280 bytes, not a whole number of 16-byte units) in a padded array: unlike a plain
-    # store, the simulator reduces only in-bounds elements (nothing lands in the padding)
+def test_overhang_of_a_clipped_row_is_reduced_too():
+    # rows of 70 float32 (280 bytes, not a whole number of 16-byte units) in a padded array: like a store, a
+    # reduce completes the clipped rows to 16 bytes (H200), so columns 70 and 71 are reduced as well
     base = RNG.standard_normal((16, 72)).astype(np.float32)
     before = base.copy()
     src = np.ones((8, 16), np.float32)
@@ -118,7 +118,7 @@ def test_no_overhang_past_a_clipped_row():
     K.reduce_kernel("add", d_src.shared_shape, "float32", 2)[1, 1](d_src, d_dst, np.zeros((1, 2), np.int32),
                                                                    np.array([[4, 60]], np.int32))
     want = before.copy()
-    want[4:12, 60:70] += 1
+    want[4:12, 60:72] += 1
     assert_same(base, want)
 
 
