@@ -353,7 +353,11 @@ def bulk_copy_to_cluster(typingctx, dst, src, nbytes, bar):
     Emits ``cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];``.
 
     ``dst`` and ``bar`` may also be this CTA's own shared array / mbarrier: they are translated with
-    ``mapa.shared::cluster`` to this CTA's rank first (passing the raw shared::cta address faulted on an H200). The caller guarantees: the destination CTA's
+    ``mapa.shared::cluster`` to this CTA's rank first.
+
+    The kernel must be launched as a cluster (``numbatma.with_cluster`` / ``cluster_kernel``), even a
+    cluster of one CTA: on an H200 the copy stopped a plain launch with an illegal-instruction error and
+    worked with clusters of 1 and 2 (``scripts/probe_bulk_cluster_self.py``). The caller guarantees: the destination CTA's
     barrier expects the bytes (``mbarrier_arrive_expect_tx`` there) and the destination CTA is running
     (a cluster barrier after the barriers are initialised); the threads that wrote ``src`` fenced
     (``fence_proxy_async_shared_cta``) and passed a block barrier; ``src`` is not overwritten before the

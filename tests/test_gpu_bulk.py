@@ -244,7 +244,9 @@ cluster_copy_self_kernel = cuda.jit(cluster_copy_self)
 def test_cluster_copy_within_the_cta(nbytes):
     src = rng.integers(-(2**31), 2**31 - 1, 256, dtype=np.int32)
     out = cuda.to_device(np.full(256, 12345, np.int32))
-    cluster_copy_self_kernel[1, 256](cuda.to_device(src), out, nbytes)
+    # (an explicit cluster launch, even of one CTA: with a plain launch the copy faults on an H200,
+    # scripts/probe_bulk_cluster_self.py)
+    with_cluster(cluster_copy_self_kernel, (1, 1, 1))[1, 256](cuda.to_device(src), out, nbytes)
     got = out.copy_to_host()
     np.testing.assert_array_equal(got[:nbytes // 4], src[:nbytes // 4])
     np.testing.assert_array_equal(got[nbytes // 4:], -1)
