@@ -10,14 +10,14 @@ from numbatma import compile as nbc
 from numbatma.intrinsics import all_ptx
 from numbatma.intrinsics._asm import _REG, TARGETS, UnsupportedTarget, check_targets
 
-# Immediates that must be in a range for ptxas (everything else gets 0 / 16).
+# Immediates that must be in a range for ptxas (everything else gets 0: ordinals, group counts).
 IMMEDIATES = {"regs": 232, "nbytes": 16, "n": 0}
 _REGNAME = {"b16": "h", "b32": "r", "b64": "l", "f32": "f", "f64": "d"}
 
 
 def _standalone_ptx(ptx, target):
     """A kernel whose body is the instruction with registers for its operands."""
-    imm = {n: IMMEDIATES.get(n, 16) for n in ptx.imm}
+    imm = {n: IMMEDIATES.get(n, 0) for n in ptx.imm}
     order = ([ptx.out] if ptx.out else []) + list(ptx.ins)
     text = ptx.render(**imm)
     for i in reversed(range(len(order))):  # $10 before $1
@@ -48,7 +48,7 @@ def test_instruction_links_exactly_where_declared(name, ptx, target):
     )
     if not allowed:
         with pytest.raises(UnsupportedTarget, match=rf"{re.escape(name)} .*not available when compiling for {target}"):
-            check_targets(ptx.render(**{n: IMMEDIATES.get(n, 16) for n in ptx.imm}), target.replace("sm", "compute"),
+            check_targets(ptx.render(**{n: IMMEDIATES.get(n, 0) for n in ptx.imm}), target.replace("sm", "compute"),
                           {name: ptx})
 
 

@@ -101,6 +101,7 @@ def tile_round_trip(src, dst, out):
         bulk_prefetch_l2(src, ROWS * COLS * 4)
         mbarrier_arrive_expect_tx(bar, ROWS * COLS * 4)
         bulk_load(tile, src, bar)
+    cuda.syncthreads()  # (the barrier is initialised before anyone waits on it)
     mbarrier_wait_parity(bar, 0)
     out[tid] = tile[tid % ROWS, tid]
     cuda.syncthreads()
