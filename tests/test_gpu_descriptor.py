@@ -193,6 +193,7 @@ def prefetch_then_load(desc, descs, out):
         mbarrier_arrive_expect_tx(bar, desc.box_bytes + d1.box_bytes)
         tma_load(tile, desc, (BR, BC), bar)
         tma_load(tile2, d1, (0, 0), bar)
+    cuda.syncthreads()  # (the barrier is initialised before anyone waits on it)
     mbarrier_wait_parity(bar, 0)
     for k in range(tid, BR * BC, cuda.blockDim.x):
         out[0, k] = tile[k // BC, k % BC]
