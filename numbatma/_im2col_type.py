@@ -12,7 +12,7 @@ from __future__ import annotations
 from numba.cuda import types
 from numba.cuda.extending import register_model
 
-from ._types import TensorMapModel
+from ._types import TensorMapModel, register_constant_attributes
 
 
 class Im2colTensorMapType(types.Type):
@@ -65,36 +65,7 @@ class Im2colTensorMapType(types.Type):
 register_model(Im2colTensorMapType)(TensorMapModel)
 
 
-def _register_constant_attributes():
-    """``desc.box_bytes``, ``desc.rank``, ``desc.box``, ``desc.shared_shape``, ``desc.pixels_per_column``,
-    ``desc.channels_per_pixel`` as compile-time constants."""
-    from numba.cuda.core.imputils import lower_getattr
-    from numba.cuda.typing.templates import AttributeTemplate, infer_getattr
-
-    attrs = ("box_bytes", "rank", "box", "shared_shape", "pixels_per_column", "channels_per_pixel")
-
-    def numba_type_of(value):
-        if isinstance(value, tuple):
-            return types.UniTuple(types.intp, len(value))
-        return types.intp
-
-    @infer_getattr
-    class Im2colTensorMapAttributes(AttributeTemplate):
-        key = Im2colTensorMapType
-
-        def generic_resolve(self, desc, attr):
-            if attr in attrs:
-                return numba_type_of(getattr(desc, attr))
-
-    def make_lowering(attr):
-        def lower(context, builder, ty, value):
-            const = getattr(ty, attr)
-            return context.get_constant_generic(builder, numba_type_of(const), const)
-
-        lower_getattr(Im2colTensorMapType, attr)(lower)
-
-    for attr in attrs:
-        make_lowering(attr)
-
-
-_register_constant_attributes()
+# ``desc.box_bytes``, ``rank``, ``box``, ``shared_shape``, ``pixels_per_column``, ``channels_per_pixel`` as
+# compile-time constants.
+register_constant_attributes(Im2colTensorMapType, ("box_bytes", "rank", "box", "shared_shape", "pixels_per_column",
+                                                   "channels_per_pixel"))

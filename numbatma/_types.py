@@ -172,12 +172,11 @@ mbarrier_ref = MBarrierRefType()
 register_model(MBarrierRefType)(_U32Model)
 
 
-def _register_constant_attributes():
-    """``desc.box_bytes``, ``desc.rank``, ``desc.box``, ``desc.shared_shape`` as compile-time constants."""
+def register_constant_attributes(type_cls, attrs):
+    """Attributes ``attrs`` of kernel values of ``type_cls`` are compile-time constants read from the type
+    (ints, or tuples of ints), e.g. ``desc.box_bytes``."""
     from numba.cuda.core.imputils import lower_getattr
     from numba.cuda.typing.templates import AttributeTemplate, infer_getattr
-
-    attrs = ("box_bytes", "rank", "box", "shared_shape")
 
     def numba_type_of(value):
         if isinstance(value, tuple):
@@ -185,8 +184,8 @@ def _register_constant_attributes():
         return types.intp
 
     @infer_getattr
-    class TensorMapAttributes(AttributeTemplate):
-        key = TensorMapType
+    class ConstantAttributes(AttributeTemplate):
+        key = type_cls
 
         def generic_resolve(self, desc, attr):
             if attr in attrs:
@@ -197,10 +196,11 @@ def _register_constant_attributes():
             const = getattr(ty, attr)
             return context.get_constant_generic(builder, numba_type_of(const), const)
 
-        lower_getattr(TensorMapType, attr)(lower)
+        lower_getattr(type_cls, attr)(lower)
 
     for attr in attrs:
         make_lowering(attr)
 
 
-_register_constant_attributes()
+# ``desc.box_bytes``, ``desc.rank``, ``desc.box``, ``desc.shared_shape`` as compile-time constants.
+register_constant_attributes(TensorMapType, ("box_bytes", "rank", "box", "shared_shape"))
