@@ -268,24 +268,54 @@ def bulk_store(typingctx, dst, src):
     size multiple of 16, addresses 16-byte aligned; ``src`` is not overwritten before
     ``bulk_wait_group_read``; ``bulk_commit_group()`` then ``bulk_wait_group(0)`` before relying on the
     data in global memory (other blocks and the host see it after the kernel ends)."""
-    op = "bulk_store"
+    return types.void(dst, src), _shared_to_global("bulk_store", dst, src, lambda: STORE, 0)
+
+
+def _shared_to_global(op, dst, src, ptx_for, first):
+    """Checks and lowering of a whole-array shared -> global bulk operation (store or reduce): ``ptx_for()``
+    gives its instruction once the operands are known good; ``dst``, ``src`` are arguments ``first`` and
+    ``first + 1``."""
     _require_global(op, "the destination", dst)
     _require_contiguous(op, "the destination", dst)
     require_shared(op, "the source", src)
     _require_contiguous(op, "the source", src)
     _require_same_dtype(op, dst, src)
+    ptx = ptx_for()
     static = _static_bytes(op, "the source", src)
 
     def codegen(context, builder, sig, args):
-        STORE.emit(
+        d, s = first, first + 1
+        ptx.emit(
             builder,
-            dst=_g(builder, _first_pointer(context, builder, sig.args[0], args[0])),
-            src=_shared_pointer(builder, _first_pointer(context, builder, sig.args[1], args[1])),
-            size=_size_operand(context, builder, static, sig.args[1], args[1]),
+            dst=_g(builder, _first_pointer(context, builder, sig.args[d], args[d])),
+            src=_shared_pointer(builder, _first_pointer(context, builder, sig.args[s], args[s])),
+            size=_size_operand(context, builder, static, sig.args[s], args[s]),
         )
         return context.get_dummy_value()
 
-    return types.void(dst, src), codegen
+    return codegen
+
+
+def _shared_to_global_at(op, dst, dst_index, src, src_index, nbytes, ptx_for, first):
+    """``_shared_to_global`` for the indexed form: ``dst, dst_index, src, src_index, nbytes`` are arguments
+    ``first`` .. ``first + 4``."""
+    _require_global(op, "the destination", dst)
+    require_shared(op, "the source", src)
+    _require_same_dtype(op, dst, src)
+    ptx = ptx_for()
+    _check_index(op, "the destination", dst, dst_index)
+    _check_index(op, "the source", src, src_index)
+    _literal_size(op, nbytes, dst.dtype.bitwidth // 8)
+
+    def codegen(context, builder, sig, args):
+        a = first
+        d = _element_pointer(context, builder, sig.args[a], args[a], sig.args[a + 1], args[a + 1])
+        s = _element_pointer(context, builder, sig.args[a + 2], args[a + 2], sig.args[a + 3], args[a + 3])
+        ptx.emit(builder, dst=_g(builder, d), src=_shared_pointer(builder, s),
+                 size=_u32(context, builder, sig.args[a + 4], args[a + 4]))
+        return context.get_dummy_value()
+
+    return codegen
 
 
 @device_op(prefer_literal=True,
@@ -295,21 +325,7 @@ def bulk_store_at(typingctx, dst, dst_index, src, src_index, nbytes):
     """Start copying ``nbytes`` bytes from ``src[src_index]`` (shared) on to ``dst[dst_index]`` (global)
     on, in the current bulk group: ``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes;``.
     Same guarantees as ``bulk_store``; constant ``nbytes`` / 1-D indices are checked as in ``bulk_load_at``."""
-    op = "bulk_store_at"
-    _require_global(op, "the destination", dst)
-    require_shared(op, "the source", src)
-    _require_same_dtype(op, dst, src)
-    _check_index(op, "the destination", dst, dst_index)
-    _check_index(op, "the source", src, src_index)
-    _literal_size(op, nbytes, dst.dtype.bitwidth // 8)
-
-    def codegen(context, builder, sig, args):
-        d = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        s = _element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
-        STORE.emit(builder, dst=_g(builder, d), src=_shared_pointer(builder, s),
-                   size=_u32(context, builder, sig.args[4], args[4]))
-        return context.get_dummy_value()
-
+    codegen = _shared_to_global_at("bulk_store_at", dst, dst_index, src, src_index, nbytes, lambda: STORE, 0)
     return types.void(dst, dst_index, src, src_index, nbytes), codegen
 
 
@@ -415,24 +431,7 @@ def bulk_reduce(typingctx, op, dst, src):
     Emits ``cp.reduce.async.bulk.global.shared::cta.bulk_group.<op>.<type> [dst], [src], size;``
     (int64 add as ``.add.u64``, float16 add as ``.add.noftz.f16``). Same guarantees as ``bulk_store``."""
     name = "bulk_reduce"
-    _require_global(name, "the destination", dst)
-    _require_contiguous(name, "the destination", dst)
-    require_shared(name, "the source", src)
-    _require_contiguous(name, "the source", src)
-    _require_same_dtype(name, dst, src)
-    ptx = _reduce_ptx(name, op, dst.dtype)
-    static = _static_bytes(name, "the source", src)
-
-    def codegen(context, builder, sig, args):
-        ptx.emit(
-            builder,
-            dst=_g(builder, _first_pointer(context, builder, sig.args[1], args[1])),
-            src=_shared_pointer(builder, _first_pointer(context, builder, sig.args[2], args[2])),
-            size=_size_operand(context, builder, static, sig.args[2], args[2]),
-        )
-        return context.get_dummy_value()
-
-    return types.void(op, dst, src), codegen
+    return types.void(op, dst, src), _shared_to_global(name, dst, src, lambda: _reduce_ptx(name, op, dst.dtype), 1)
 
 
 @device_op(prefer_literal=True,
@@ -443,21 +442,8 @@ def bulk_reduce_at(typingctx, op, dst, dst_index, src, src_index, nbytes):
     (global): ``cp.reduce.async.bulk.global.shared::cta.bulk_group.<op>.<type> [dst], [src], nbytes;``.
     Same operations, types and guarantees as ``bulk_reduce``."""
     name = "bulk_reduce_at"
-    _require_global(name, "the destination", dst)
-    require_shared(name, "the source", src)
-    _require_same_dtype(name, dst, src)
-    ptx = _reduce_ptx(name, op, dst.dtype)
-    _check_index(name, "the destination", dst, dst_index)
-    _check_index(name, "the source", src, src_index)
-    _literal_size(name, nbytes, dst.dtype.bitwidth // 8)
-
-    def codegen(context, builder, sig, args):
-        d = _element_pointer(context, builder, sig.args[1], args[1], sig.args[2], args[2])
-        s = _element_pointer(context, builder, sig.args[3], args[3], sig.args[4], args[4])
-        ptx.emit(builder, dst=_g(builder, d), src=_shared_pointer(builder, s),
-                 size=_u32(context, builder, sig.args[5], args[5]))
-        return context.get_dummy_value()
-
+    codegen = _shared_to_global_at(name, dst, dst_index, src, src_index, nbytes,
+                                   lambda: _reduce_ptx(name, op, dst.dtype), 1)
     return types.void(op, dst, dst_index, src, src_index, nbytes), codegen
 
 
