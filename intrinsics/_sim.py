@@ -883,7 +883,9 @@ def tma_load(dst, desc, coords, bar):
                   [(b, phase)])
 
 
-def tma_store(desc, coords, src_tile):
+def tma_store(desc, coords, src_tile, op="tma_store", combine=None):
+    """A tile store (or, with ``combine(old, tile)``, a tile reduce): the tile, un-swizzled, lands in the
+    in-bounds part of the box, and clipped rows are completed to 16 bytes as on the hardware."""
     coords = (coords,) if np.isscalar(coords) else tuple(coords)
     dst = _host_array(desc)
     idx = _box_index(desc, coords)
@@ -891,19 +893,25 @@ def tma_store(desc, coords, src_tile):
     site = caller_site()
     with _lock:
         lo, hi = bounds(src_tile)
-        _check_store_source(lo, hi, "tma_store")
+        _check_store_source(lo, hi, op)
         _add_store_read(lo, hi, site)
     tile = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
     footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
     if tile.size != footprint:
-        raise SimulatedMisuse(f"tma_store: the shared tile holds {tile.size} bytes but a box of the descriptor "
+        raise SimulatedMisuse(f"{op}: the shared tile holds {tile.size} bytes but a box of the descriptor "
                               f"occupies {footprint} bytes (shared shape {desc.shared_shape})")
     nbytes = int(np.prod(shape)) * desc.dtype.itemsize
     raw = tile.reshape(-1, 16)[_tile_chunks(desc, shape[-1] * desc.dtype.itemsize, nbytes)].reshape(-1)
     box = raw.view(desc.dtype).reshape(shape)
-    inb = [m for _, m in idx]
-    dst[np.ix_(*[i[m] for i, m in idx])] = box[np.ix_(*[np.nonzero(m)[0] for m in inb])]
-    _store_overhang(desc, dst, idx, box)
+    sel = np.ix_(*[i[m] for i, m in idx])
+    part = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx])]
+    if combine is None:
+        dst[sel] = part
+        _store_overhang(desc, dst, idx, box)
+        return
+    with _lock, np.errstate(over="ignore", invalid="ignore"):  # (each element's update is atomic on the GPU)
+        dst[sel] = combine(dst[sel], part)
+        _store_overhang(desc, dst, idx, box, combine)
 
 
 def _store_overhang(desc, dst, idx, box, combine=None):

@@ -341,8 +341,6 @@ def _combine(kind, old, val):
 def _sim_reduce(op, kind, desc, coords, src_tile):
     """The reduce-store happens when issued: the in-bounds part of the box in global memory becomes
     ``old <kind> tile``; the tile is recorded as read by the store until its bulk group is waited for."""
-    import numpy as np
-
     _sim = sim()
     error = reduce_type_error(kind, getattr(desc, "tma_dtype", None))
     if error:
@@ -354,29 +352,7 @@ def _sim_reduce(op, kind, desc, coords, src_tile):
             f"negative coordinate stops the kernel with an illegal-instruction error (scripts/probe_reduce.py). "
             f"Boxes may hang over the end of the tensor, not over its start."
         )
-    dst = _sim._host_array(desc)
-    idx = _sim._box_index(desc, coords)
-    shape = tuple(len(i) for i, _ in idx)
-    site = _sim.caller_site()
-    with _sim._lock:
-        lo, hi = _sim.bounds(src_tile)
-        _sim._check_store_source(lo, hi, op)
-        _sim._add_store_read(lo, hi, site)
-    tile = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
-    footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
-    if tile.size != footprint:
-        raise _sim.SimulatedMisuse(f"{op}: the shared tile holds {tile.size} bytes but a box of the descriptor "
-                                   f"occupies {footprint} bytes (shared shape {desc.shared_shape})")
-    nbytes = int(np.prod(shape)) * desc.dtype.itemsize
-    raw = tile.reshape(-1, 16)[_sim._tile_chunks(desc, shape[-1] * desc.dtype.itemsize, nbytes)].reshape(-1)
-    box = raw.view(desc.dtype).reshape(shape)
-    sel = np.ix_(*[i[m] for i, m in idx])
-    part = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx])]
-    with _sim._lock:  # (each element's update is atomic on the GPU)
-        with np.errstate(over="ignore", invalid="ignore"):
-            dst[sel] = _combine(kind, dst[sel], part)
-            # like a store, a reduce completes clipped rows to 16 bytes (H200: the padding is reduced too)
-            _sim._store_overhang(desc, dst, idx, box, lambda old, new: _combine(kind, old, new))
+    _sim.tma_store(desc, coords, src_tile, op, lambda old, new: _combine(kind, old, new))
 
 
 def _sim_prefetch(op, desc, coords):
