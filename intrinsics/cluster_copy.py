@@ -29,22 +29,8 @@ from numba import cuda
 
 from . import cluster as _cluster
 from ._asm import Ptx
-from ._define import (
-    SIMULATING,
-    barrier_address,
-    coords_types,
-    descriptor_address,
-    device_op,
-    fail,
-    require_barrier,
-    require_int,
-    require_tensormap,
-    require_tile_matches,
-    shared_address,
-    sim,
-    to_u32,
-)
-from .tma import RANKS, _coord_ins, _coord_list, _coord_operands
+from ._define import SIMULATING, device_op, fail, sim, to_u32
+from .tma import RANKS, _coord_ins, _coord_list, _tile_load
 
 __all__ = [
     "cluster_mask",
@@ -199,26 +185,7 @@ def tma_load_multicast(typingctx, dst, desc, coords, bar, mask):
     those of ``tma_load`` plus an integer ``mask`` (a 16-bit operand: higher bits are dropped on the GPU and
     reported by the simulator).
     """
-    op = "tma_load_multicast"
-    require_tensormap(op, desc)
-    require_tile_matches(op, dst, desc)
-    coords_types(op, desc, coords)
-    require_barrier(op, bar)
-    require_int(op, "the CTA mask", mask)
-    rank = desc.rank
-
-    def codegen(context, builder, sig, args):
-        LOAD_MULTICAST[rank].emit(
-            builder,
-            dst=shared_address(context, builder, sig.args[0], args[0]),
-            tmap=descriptor_address(builder, args[1]),
-            bar=barrier_address(context, builder, sig.args[3], args[3]),
-            mask=to_u32(context, builder, sig.args[4], args[4]),
-            **_coord_operands(context, builder, sig.args[2], args[2], rank),
-        )
-        return context.get_dummy_value()
-
-    return types.void(dst, desc, coords, bar, mask), codegen
+    return _tile_load("tma_load_multicast", LOAD_MULTICAST, dst, desc, coords, bar, mask=mask)
 
 
 def _simulate_multicast(dst, desc, coords, bar, mask):

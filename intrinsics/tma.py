@@ -25,6 +25,7 @@ from ._define import (
     shared_address,
     sim,
     to_i32,
+    to_u32,
 )
 
 __all__ = [
@@ -164,8 +165,9 @@ def _policy_operand(context, builder, sig, args, index):
     return {"policy": context.cast(builder, args[index], sig.args[index], types.uint64)}
 
 
-def _tile_load(op, ptx, dst, desc, coords, bar, policy=None):
-    """Typing checks and lowering of a tile load (``ptx`` by rank), with an L2 policy operand if given."""
+def _tile_load(op, ptx, dst, desc, coords, bar, policy=None, mask=None):
+    """Typing checks and lowering of a tile load (``ptx`` by rank), with an L2 policy operand or a multicast
+    CTA mask (``cluster_copy.tma_load_multicast``) as the last argument if given."""
     require_tensormap(op, desc)
     require_tile_matches(op, dst, desc)
     coords_types(op, desc, coords)
@@ -174,15 +176,21 @@ def _tile_load(op, ptx, dst, desc, coords, bar, policy=None):
     if policy is not None:
         require_int(op, "the cache policy", policy)
         operands += (policy,)
+    if mask is not None:
+        require_int(op, "the CTA mask", mask)
+        operands += (mask,)
     rank = desc.rank
 
     def codegen(context, builder, sig, args):
+        last = _policy_operand(context, builder, sig, args, 4)
+        if mask is not None:
+            last = {"mask": to_u32(context, builder, sig.args[4], args[4])}
         ptx[rank].emit(
             builder,
             dst=shared_address(context, builder, sig.args[0], args[0]),
             tmap=descriptor_address(builder, args[1]),
             bar=barrier_address(context, builder, sig.args[3], args[3]),
-            **_policy_operand(context, builder, sig, args, 4),
+            **last,
             **_coord_operands(context, builder, sig.args[2], args[2], rank),
         )
         return context.get_dummy_value()
