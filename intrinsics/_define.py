@@ -125,8 +125,9 @@ def coords_types(op, desc, coords):
     return tuple(coords)
 
 
-def require_tile_matches(op, tile, desc):
-    """The shared tile must hold exactly one box of the descriptor's dtype."""
+def require_tile_matches(op, tile, desc, unit="one box of the descriptor", detail=""):
+    """The shared tile must hold exactly what one load of the descriptor occupies (``unit``; ``detail`` says
+    how that size comes about), in the descriptor's dtype."""
     require_shared(op, "the shared-memory tile", tile)
     if tile.dtype != desc.dtype:
         fail(op, f"the shared tile has dtype {tile.dtype} but the descriptor moves {desc.dtype} elements")
@@ -137,8 +138,8 @@ def require_tile_matches(op, tile, desc):
         padded = footprint != desc.box_bytes
         fail(
             op,
-            f"the shared tile {tile.static_shape} holds {tile.nbytes} bytes but one box of the descriptor "
-            f"occupies {footprint} bytes (shared shape {desc.shared_shape}"
+            f"the shared tile {tile.static_shape} holds {tile.nbytes} bytes but {unit} "
+            f"occupies {footprint} bytes{detail} (shared shape {desc.shared_shape}"
             + (f"; its rows are narrower than the {desc.swizzle}-byte swizzle span, so each takes a whole span"
                if padded else "") + ")",
         )

@@ -11,7 +11,6 @@ the PTX wants the innermost first, and the reversal happens here.
 """
 from __future__ import annotations
 
-import math
 
 from ._asm import Ptx
 from ._define import (
@@ -22,7 +21,7 @@ from ._define import (
     fail,
     require_barrier,
     require_int,
-    require_shared,
+    require_tile_matches,
     shared_address,
     sim,
     to_i32,
@@ -74,22 +73,8 @@ def _require_im2col(desc):
 
 
 def _require_tile(tile, desc):
-    require_shared(OP, "the shared-memory tile", tile)
-    if tile.dtype != desc.dtype:
-        fail(OP, f"the shared tile has dtype {tile.dtype} but the descriptor moves {desc.dtype} elements")
-    if tile.layout != "C":
-        fail(OP, f"the shared tile must be C-contiguous, got layout {tile.layout!r}")
-    footprint = math.prod(desc.shared_shape) * desc.itemsize
-    if tile.nbytes is not None and tile.nbytes != footprint:
-        padded = footprint != desc.box_bytes
-        fail(
-            OP,
-            f"the shared tile {tile.static_shape} holds {tile.nbytes} bytes but one im2col load of the descriptor "
-            f"occupies {footprint} bytes: pixels_per_column {desc.pixels_per_column} x channels_per_pixel "
-            f"{desc.channels_per_pixel} (shared shape {desc.shared_shape}"
-            + (f"; its rows are narrower than the {desc.swizzle}-byte swizzle span, so each takes a whole span"
-               if padded else "") + ")",
-        )
+    require_tile_matches(OP, tile, desc, "one im2col load of the descriptor",
+                         f": pixels_per_column {desc.pixels_per_column} x channels_per_pixel {desc.channels_per_pixel}")
 
 
 def _int_tuple(what, ty, count, rank, names):
