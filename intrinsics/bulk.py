@@ -341,10 +341,8 @@ def _cluster_operand(op, what, ty, barrier=False):
         require_shared(op, what, ty)
 
 
-# A shared::cta address of this CTA turned into its shared::cluster address (mapa with the CTA's own rank):
-# on an H200 the raw shared::cta address as the destination of cp.async.bulk.shared::cluster faulted.
-MAPA_SELF = Ptx("{ .reg .u32 %nbtma_rank; mov.u32 %nbtma_rank, %cluster_ctarank; "
-                "mapa.shared::cluster.u32 $out, $addr, %nbtma_rank; }", ins=(("addr", "b32"),), out=("out", "b32"))
+# A shared::cta address of this CTA is turned into its shared::cluster address with cluster.py's ``mapa`` to
+# the CTA's own rank (``%cluster_ctarank``) before it is used as a cp.async.bulk.shared::cluster operand.
 
 
 def _cluster_address(context, builder, ty, value, barrier=False):
@@ -354,7 +352,9 @@ def _cluster_address(context, builder, ty, value, barrier=False):
         own = barrier_address(context, builder, ty, value)
     else:
         own = _shared_pointer(builder, _first_pointer(context, builder, ty, value))
-    return MAPA_SELF.emit(builder, addr=own)
+    from .cluster import CTARANK, MAPA
+
+    return MAPA.emit(builder, addr=own, rank=CTARANK.emit(builder))
 
 
 @device_op(prefer_literal=True,
@@ -489,7 +489,6 @@ PTX = {
     "bulk_load": LOAD,
     "bulk_store": STORE,
     "bulk_copy_to_cluster": CLUSTER_COPY,
-    "bulk_copy_to_cluster(own address)": MAPA_SELF,
     "bulk_prefetch_l2": PREFETCH_L2,
     **{f"bulk_reduce({op}.{suffix})": p for (op, suffix), p in REDUCE.items()},
 }

@@ -11,7 +11,6 @@ the PTX wants the innermost first, and the reversal happens here.
 """
 from __future__ import annotations
 
-
 from ._asm import Ptx
 from ._define import (
     SIMULATING,
