@@ -393,7 +393,7 @@ def install():
         from numbatma.intrinsics._asm import check_targets
 
         for module in (llvmir if isinstance(llvmir, (list, tuple)) else [llvmir]):
-            if isinstance(module, str):
+            if isinstance(module, str) and "numbatma:" in module:  # (only restricted instructions carry a marker)
                 check_targets(module, arch, all_ptx())
         if isinstance(llvmir, (list, tuple)):
             llvmir = [_nvvm_ir_for_arch(m, arch) for m in llvmir]
