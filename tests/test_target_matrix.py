@@ -54,3 +54,31 @@ def test_instruction_links_exactly_where_declared(name, ptx, target):
 
 def test_matrix_is_not_empty():
     assert len(CASES) > 40
+
+
+def test_compiling_a_restricted_instruction_for_another_target_raises(monkeypatch):
+    """The compile hook (numbatma/_numba_internals.py) raises UnsupportedTarget, naming the operation, when a
+    kernel uses an instruction its target lacks - shown with a synthetic sm_100a-only instruction."""
+    from numba import types
+
+    import numbatma.intrinsics as intrinsics
+    from numbatma.intrinsics._asm import Ptx
+    from numbatma.intrinsics._define import device_op, emit_only
+
+    only_100 = Ptx("nanosleep.u32 7;", targets=("sm_100a",))
+
+    @device_op()
+    def only_on_100(typingctx):
+        return types.void(), emit_only(only_100)
+
+    table = intrinsics.all_ptx()
+    monkeypatch.setattr(intrinsics, "all_ptx", lambda: {**table, "only_on_100": only_100})
+
+    def kernel(a):
+        only_on_100()
+
+    ptx = nbc.compile_ptx(kernel, (types.float32[::1],), arch="sm_100a")
+    assert "nanosleep.u32 7; // numbatma:" in (ptx if isinstance(ptx, str) else ptx[0])
+    with pytest.raises(UnsupportedTarget, match=r"only_on_100 .*not available when compiling for sm_90a; PTX has it "
+                                                r"on sm_100a only"):
+        nbc.compile_ptx(kernel, (types.float32[::1],), arch="sm_90a")
