@@ -108,6 +108,20 @@ def require_tensormap(op, ty):
         fail(op, f"the descriptor operand must be a numbatma.TensorMap, got {ty}")
 
 
+_TMA_DTYPE_NAMES = {"BFLOAT16": "bfloat16", "TFLOAT32": "float32", "TFLOAT32_FTZ": "float32",
+                    "FLOAT32_FTZ": "float32"}
+
+
+def require_exact_store_target(op, desc):
+    """A tile store/reduce must not write outside the array: refuse a descriptor whose rows end short of a
+    16-byte boundary unless its TensorMap allowed the overhang (``allow_store_overhang=True``)."""
+    if desc.store_overhang and not desc.allow_store_overhang:
+        from numbatma.tensormap import store_overhang_error
+
+        name = _TMA_DTYPE_NAMES.get(desc.tma_dtype, str(desc.dtype))
+        fail(op, store_overhang_error(op, name, desc.itemsize, desc.store_overhang).split(": ", 1)[1])
+
+
 def coords_types(op, desc, coords):
     """Check a coordinate tuple against a descriptor's rank; return the element types."""
     if isinstance(coords, types.Integer) and desc.rank == 1:

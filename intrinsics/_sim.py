@@ -887,6 +887,12 @@ def tma_store(desc, coords, src_tile, op="tma_store", combine=None):
     """A tile store (or, with ``combine(old, tile)``, a tile reduce): the tile, un-swizzled, lands in the
     in-bounds part of the box, and clipped rows are completed to 16 bytes as on the hardware."""
     coords = (coords,) if np.isscalar(coords) else tuple(coords)
+    if desc.store_overhang and not getattr(desc, "allow_store_overhang", False):
+        # The GPU build refuses this at typing time (require_exact_store_target): same rule, same words.
+        from numbatma.tensormap import store_overhang_error
+
+        raise SimulatedMisuse(store_overhang_error(op, desc.dtype.name, desc.dtype.itemsize, desc.store_overhang,
+                                                   desc.shape[-1]))
     dst = _host_array(desc)
     idx = _box_index(desc, coords)
     shape = tuple(len(i) for i, _ in idx)
@@ -916,8 +922,9 @@ def tma_store(desc, coords, src_tile, op="tma_store", combine=None):
 
 def _store_overhang(desc, dst, idx, box, combine=None):
     """The hardware completes each innermost row a store clips to the next 16-byte boundary (see
-    ``TensorMap.store_overhang``): write those bytes too, into the memory that follows the row. Reduces do
-    the same (observed on an H200): ``combine(old, tile)`` gives what lands there."""
+    ``TensorMap.store_overhang``; only reached when the TensorMap allowed it): write those bytes too, into the
+    memory that follows the row. Reduces do the same (observed on an H200): ``combine(old, tile)`` gives what
+    lands there."""
     extra = desc.store_overhang // desc.dtype.itemsize
     inner_ok = idx[-1][1]
     if not extra or desc.element_strides[-1] != 1 or inner_ok.all() or not inner_ok[-1:].size or inner_ok[-1]:

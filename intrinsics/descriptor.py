@@ -604,6 +604,7 @@ class SimTensorMap:
         self.oob_fill = oob_fill
         self.declared_rank = rank
         self.elemtype = None
+        self.allow_store_overhang = False
 
     @classmethod
     def copy_of(cls, desc):
@@ -611,8 +612,10 @@ class SimTensorMap:
             return desc.copy()
         host = _sim_host(desc.array)
         fill = getattr(desc.oob_fill, "value", desc.oob_fill)
-        return cls(host, int(host.__array_interface__["data"][0]), desc.shape, desc.strides, desc.dtype, desc.box,
+        copy = cls(host, int(host.__array_interface__["data"][0]), desc.shape, desc.strides, desc.dtype, desc.box,
                    desc.element_strides, int(desc.swizzle), int(desc.interleave), fill, len(desc.shape))
+        copy.allow_store_overhang = bool(getattr(desc, "allow_store_overhang", False))
+        return copy
 
     def copy(self):
         other = SimTensorMap.__new__(SimTensorMap)

@@ -18,6 +18,7 @@ from ._define import (
     emit_only,
     fail,
     require_barrier,
+    require_exact_store_target,
     require_int,
     require_literal_int,
     require_tensormap,
@@ -201,6 +202,7 @@ def _tile_load(op, ptx, dst, desc, coords, bar, policy=None, mask=None):
 def _tile_store(op, ptx, desc, coords, src, policy=None):
     """Typing checks and lowering of a tile store (``ptx`` by rank), with an L2 policy operand if given."""
     require_tensormap(op, desc)
+    require_exact_store_target(op, desc)
     coords_types(op, desc, coords)
     require_tile_matches(op, src, desc)
     operands = (desc, coords, src)
@@ -248,6 +250,12 @@ def tma_store(typingctx, desc, coords, src):
     and then a block barrier before one thread issues the store; ``src`` is not overwritten before
     ``bulk_wait_group_read`` says the store has read it; ``bulk_commit_group()`` follows and
     ``bulk_wait_group(0)`` before the kernel relies on the data being in global memory.
+
+    Never outside the array: the hardware writes whole 16-byte units of each row, so a box reaching the end
+    of a row whose byte length is not a multiple of 16 would also write the bytes after it. Such a
+    descriptor is a typing error (also for ``tma_store_hinted`` and the reduces) unless its TensorMap was
+    built with ``allow_store_overhang=True``; store the aligned part (``numbatma.aligned_columns``) and the
+    rest with ordinary stores instead.
     """
     return _tile_store("tma_store", STORE_TILE, desc, coords, src)
 
@@ -260,7 +268,7 @@ def tma_load_hinted(typingctx, dst, desc, coords, bar, policy):
     return _tile_load("tma_load_hinted", LOAD_TILE_HINT, dst, desc, coords, bar, policy)
 
 
-@device_op(simulate=lambda desc, coords, src, policy: sim().tma_store(desc, coords, src))
+@device_op(simulate=lambda desc, coords, src, policy: sim().tma_store(desc, coords, src, "tma_store_hinted"))
 def tma_store_hinted(typingctx, desc, coords, src, policy):
     """``tma_store`` with an L2 cache policy: ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group
     .L2::cache_hint [desc, {...}], [src], policy;``. Same caller guarantees as ``tma_store``."""

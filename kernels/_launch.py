@@ -50,24 +50,3 @@ def require_rank(op, layout, ranks, what="array"):
 def require_dtype(op, layout, dtypes, what="array"):
     if layout.dtype.name not in dtypes:
         raise TensorMapError(f"{op}: the {what} is a {layout.name}; supported dtypes: {', '.join(dtypes)}.")
-
-
-def require_store_target(op, tmap, what="the output"):
-    """Reject a TMA-store destination whose last row does not end on a 16-byte boundary unless a row stride
-    leaves room for it: a tile store completes the row to the next 16-byte unit
-    (``TensorMap.store_overhang``), which for a single row or a 1-D array lands past the array's end."""
-    over = tmap.store_overhang
-    if not over:
-        return
-    rows = 1
-    for n in tmap.shape[:-1]:
-        rows *= n
-    padded = len(tmap.shape) > 1 and tmap.strides[-2] >= tmap.shape[-1] * tmap.dtype.itemsize + over
-    if rows > 1 and padded:
-        return  # the extra bytes land in each row's own padding (documented in docs/guide.md)
-    raise TensorMapError(
-        f"{op}: {what} is a {tmap.dtype.name} array with shape {tuple(tmap.shape)}; its rows are "
-        f"{tmap.shape[-1] * tmap.dtype.itemsize} bytes long, and a TMA store writes whole 16-byte units, so it "
-        f"would write {over} bytes past the end of the array. Make the innermost extent a multiple of "
-        f"{16 // tmap.dtype.itemsize if tmap.dtype.itemsize < 16 else 1} elements (or use a padded view)."
-    )

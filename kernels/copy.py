@@ -1,7 +1,8 @@
 """TMA copy: every box of ``src`` goes global -> shared (TMA load on an mbarrier) -> global (TMA store).
 
 One CTA per box, one issuing thread. Works for rank 1-5, every TMA dtype and swizzle, and shapes that are
-not multiples of the box (the loads fill, the stores clip). This is the reference TMA round trip; the
+not multiples of the box (the loads fill, the stores clip). Writes nothing outside ``dst``: the TMA stores
+cover the 16-byte-aligned part of each row, ordinary stores the last elements (``_exact_store``). This is the reference TMA round trip; the
 pipelined, persistent streaming copy is a separate kernel.
 """
 from __future__ import annotations
@@ -19,11 +20,14 @@ from numbatma.intrinsics import (
     mbarrier_arrive_expect_tx,
     mbarrier_init,
     mbarrier_wait_parity,
+    shared_view,
     tma_load,
     tma_store,
 )
 
-__all__ = ["tma_copy", "default_box"]
+from ._exact_store import ExactStore, tail_store_nd
+
+__all__ = ["TmaCopy", "tma_copy", "default_box"]
 
 
 def default_box(shape, itemsize, swizzle=0):
@@ -87,11 +91,14 @@ def _coords(rank):
 
 
 @functools.lru_cache(maxsize=None)
-def _copy_kernel(rank, shared_shape, nb_dtype, alignment):
+def _copy_kernel(rank, box, shared_shape, nb_dtype, alignment, swizzle, tma_part, has_tail):
     coords_of = _coords(rank)
+    itemsize = nb_dtype.bitwidth // 8
+    rows2d = (math.prod(shared_shape[:-1]), shared_shape[-1])  # the tile with its leading axes folded
+    store_tail = tail_store_nd(rank, box, itemsize, swizzle)
 
     @cuda.jit
-    def tma_copy_kernel(src, dst, tiles):
+    def tma_copy_kernel(src, dst, tail, aligned, tiles):
         tile = cuda.shared.array(shared_shape, nb_dtype, alignment=alignment)
         bar = cuda.shared.array(1, "uint64")
         if cuda.threadIdx.x == 0:
@@ -102,27 +109,51 @@ def _copy_kernel(rank, shared_shape, nb_dtype, alignment):
             tma_load(tile, src, coords, bar)
             mbarrier_wait_parity(bar, 0)
             # The tile was written by the async proxy and is read by the async proxy: no proxy fence needed.
-            tma_store(dst, coords, tile)
-            bulk_commit_group()
+            if tma_part and coords[rank - 1] < aligned:
+                tma_store(dst, coords, tile)  # dst describes columns [0, aligned) only: exact
+                bulk_commit_group()
+            if has_tail:  # the last partial 16-byte unit of each row: ordinary stores
+                store_tail(shared_view(tile, 0, rows2d), tail, coords, aligned)
             bulk_wait_group(0)
 
     return tma_copy_kernel
 
 
+class TmaCopy:
+    """A planned box-by-box copy ``dst[...] = src`` (same shape and dtype, any CUDA arrays, rank 1-5): one CTA
+    per box of ``box`` (default :func:`default_box`), optional ``swizzle`` of the shared tile."""
+
+    def __init__(self, src, dst, box=None, *, swizzle=0):
+        ls, ld = array_layout(src), array_layout(dst)
+        if ls.shape != ld.shape or ls.dtype != ld.dtype:
+            raise TensorMapError(
+                f"tma_copy: src is {ls.name} but dst is {ld.name}; both must have the same shape and dtype."
+            )
+        if box is None:
+            box = default_box(ls.shape, ls.dtype.itemsize, swizzle)
+        self.src_map = s = TensorMap(src, box, swizzle=swizzle)
+        self.out = ExactStore(dst, box, swizzle=swizzle)
+        self.dst_map = self.out.map
+        self.tiles = tuple(-(-n // b) for n, b in zip(ls.shape, s.box))
+        self.grid = math.prod(self.tiles)
+        self.kernel = _copy_kernel(s.rank, s.box, s.shared_shape, s.numba_type.dtype, s.shared_alignment,
+                                   int(s.swizzle), self.out.tma, self.out.has_tail)
+
+    @property
+    def args(self):
+        """The kernel's arguments (valid offline, e.g. for ``numbatma.compile.compile_ptx``)."""
+        return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, self.tiles)
+
+    def launch(self, stream=0):
+        if self.grid:
+            args = self.args
+            self.kernel[self.grid, 32, stream](*args[:2], self.out.launch_tail, *args[3:])
+
+
 def tma_copy(src, dst, box=None, *, swizzle=0, stream=0):
     """Copy ``src`` into ``dst`` (same shape and dtype, any CUDA arrays) box by box through shared memory
-    with TMA. Returns the pair of :class:`TensorMap` used, so a caller can reuse or inspect them."""
-    ls, ld = array_layout(src), array_layout(dst)
-    if ls.shape != ld.shape or ls.dtype != ld.dtype:
-        raise TensorMapError(
-            f"tma_copy: src is {ls.name} but dst is {ld.name}; both must have the same shape and dtype."
-        )
-    if box is None:
-        box = default_box(ls.shape, ls.dtype.itemsize, swizzle)
-    s = TensorMap(src, box, swizzle=swizzle)
-    d = TensorMap(dst, box, swizzle=swizzle)
-    tiles = tuple(-(-n // b) for n, b in zip(ls.shape, s.box))
-    nblocks = math.prod(tiles)
-    kernel = _copy_kernel(s.rank, s.shared_shape, s.numba_type.dtype, s.shared_alignment)
-    kernel[nblocks, 32, stream](s, d, tiles)
-    return s, d
+    with TMA (:class:`TmaCopy`). Returns the pair of :class:`TensorMap` used (the store descriptor covers the
+    16-byte-aligned part of ``dst``'s rows), so a caller can reuse or inspect them."""
+    plan = TmaCopy(src, dst, box, swizzle=swizzle)
+    plan.launch(stream)
+    return plan.src_map, plan.dst_map

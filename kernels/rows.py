@@ -72,7 +72,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_store_target
+from ._exact_store import ExactStore, tail_store_2d
+from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
 
 __all__ = ["RowSum", "Softmax", "row_sum", "softmax"]
 
@@ -742,7 +743,7 @@ def _row_softmax_regs(to_f32, from_f32, group_sum, group_max, elems, exact):
 
 @functools.lru_cache(maxsize=None)
 def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, kc, slot, lag, fastmath,
-                         exact=False, registers=True, max_registers=None):
+                         exact=False, tma_part=True, has_tail=False, registers=True, max_registers=None):
     to_f32, from_f32 = _converters(dtype_name)
     group_sum, group_max = _group_reducers(tpr, warps)
     cache = dtype_name == "float32"
@@ -760,9 +761,10 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
     br = kr * box_r
     stage_elems = kr * kc * slot
     nscratch = 2 * warps
+    store_tail = tail_store_2d((box_r, box_c), nb_dtype.bitwidth // 8)
 
     @cuda.jit(fastmath=fastmath, **({} if SIMULATING else {"max_registers": max_registers}))
-    def softmax_rows_kernel(x, y, rows, n, nblocks):
+    def softmax_rows_kernel(x, y, tail, aligned, rows, n, nblocks):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         scratch = cuda.shared.array(nscratch, np.float32)
         pipe = Pipeline(stages, 1, 1)  # full: producer + TMA bytes; empty: the storer (after the store read it)
@@ -794,8 +796,13 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
                     base = s * stage_elems
                     for a in range(nbr):
                         for b in range(kc):
-                            tma_store(y, (r0 + a * box_r, b * box_c),
-                                      shared_view(dyn, base + (a * kc + b) * slot, (box_r, box_c)))
+                            if tma_part and b * box_c < aligned:  # y describes columns [0, aligned): exact
+                                tma_store(y, (r0 + a * box_r, b * box_c),
+                                          shared_view(dyn, base + (a * kc + b) * slot, (box_r, box_c)))
+                        if has_tail:  # the rows' last partial 16-byte unit (inside box aligned // box_c)
+                            b = aligned // box_c
+                            store_tail(shared_view(dyn, base + (a * kc + b) * slot, (box_r, box_c)), tail,
+                                       r0 + a * box_r, b * box_c, aligned, 0, 1)
                     bulk_commit_group()
                     done.consumer_release()
                     bulk_wait_group_read(lag)
@@ -836,16 +843,18 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
 
 
 @functools.lru_cache(maxsize=None)
-def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs, slot, lag, fastmath):
+def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs, slot, lag, fastmath,
+                            tma_part=True, has_tail=False):
     to_f32, from_f32 = _converters(dtype_name)
     group_sum, group_max = _group_reducers(tpr, warps)
     row_max, row_expsum, row_normalise = _row_loops(to_f32, from_f32, tpr, box_c, slot, False)
     br = 32 * warps // tpr  # one row per group
     stage_elems = kcs * slot
     nscratch = 2 * warps
+    store_tail = tail_store_2d((br, box_c), nb_dtype.bitwidth // 8)
 
     @cuda.jit(fastmath=fastmath)
-    def softmax_chunked_kernel(x, y, rows, n, nblocks, kc_total):
+    def softmax_chunked_kernel(x, y, tail, aligned, rows, n, nblocks, kc_total):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         scratch = cuda.shared.array(nscratch, np.float32)
         pipe = Pipeline(stages, 1, 1)
@@ -881,7 +890,12 @@ def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs
                         if q >= nchunks:
                             base = s * stage_elems
                             for b in range(nb):
-                                tma_store(y, (r0, (c0 + b) * box_c), shared_view(dyn, base + b * slot, (br, box_c)))
+                                if tma_part and (c0 + b) * box_c < aligned:  # y: columns [0, aligned)
+                                    tma_store(y, (r0, (c0 + b) * box_c),
+                                              shared_view(dyn, base + b * slot, (br, box_c)))
+                                if has_tail and (c0 + b) * box_c + box_c > aligned:  # the partial unit
+                                    store_tail(shared_view(dyn, base + b * slot, (br, box_c)), tail, r0,
+                                               (c0 + b) * box_c, aligned, 0, 1)
                             bulk_commit_group()
                         done.consumer_release()
                         bulk_wait_group_read(lag)
@@ -1036,8 +1050,9 @@ class Softmax:
         c = self.config
         box = (c.box_rows, c.box_cols)
         self.x_map = TensorMap(xr.view, box, l2_promotion=l2_promotion)
-        self.out_map = TensorMap(orr.view, box)
-        require_store_target("Softmax", self.out_map, "out")
+        self.out_store = ExactStore(orr.view, box)
+        self.out_map = self.out_store.map
+        exact = (self.out_store.tma, self.out_store.has_tail)
         nb_dtype = self.x_map.numba_type.dtype
         self.threads = 32 * (warps + 2)
         self.fallback = None
@@ -1047,14 +1062,14 @@ class Softmax:
         if use_rows:
             self._rows_kernel_args = (
                 xr.dtype.name, nb_dtype, warps, c.stages, c.threads_per_row, c.box_rows, c.box_cols,
-                c.row_boxes, c.col_boxes, c.slot, lag, bool(fastmath), xr.n == c.col_boxes * c.box_cols,
+                c.row_boxes, c.col_boxes, c.slot, lag, bool(fastmath), xr.n == c.col_boxes * c.box_cols, *exact,
             )
             self.kernel = _softmax_rows_kernel(*self._rows_kernel_args, bool(registers), self.max_registers)
             self.nbytes = 2 * xr.rows * xr.n * item
         else:
             self.kernel = _softmax_chunked_kernel(
                 xr.dtype.name, nb_dtype, warps, c.stages, c.threads_per_row, c.box_cols, c.col_boxes, c.slot,
-                lag, bool(fastmath),
+                lag, bool(fastmath), *exact,
             )
             self.nbytes = 3 * xr.rows * xr.n * item  # x read twice
 
@@ -1063,7 +1078,8 @@ class Softmax:
         from numba.cuda import types
 
         extra = () if self.config.mode == "rows" else (types.int64,)
-        return (self.x_map, self.out_map, types.int64, types.int64, types.int64) + extra
+        return (self.x_map, self.out_map, self.out_store.tail, types.int64, types.int64, types.int64,
+                types.int64) + extra
 
     def launch(self, stream=0):
         if self.kernel is None:
@@ -1071,7 +1087,8 @@ class Softmax:
         c = self.config
         if self._grid is None:
             self._grid = persistent_grid(c.row_blocks, c.ctas_per_sm)
-        args = (self.x_map, self.out_map, self.rows, self.n, c.row_blocks)
+        args = (self.x_map, self.out_map, self.out_store.launch_tail, self.out_store.aligned, self.rows, self.n,
+                c.row_blocks)
         if c.mode == "chunked":
             args += (c.total_col_boxes,)
         try:

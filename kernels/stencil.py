@@ -43,7 +43,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_store_target
+from ._exact_store import ExactStore, tail_store_2d
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
 
 __all__ = ["Laplacian5", "laplacian5"]
 
@@ -156,7 +157,7 @@ def _tile_compute(dtype_name, br, bc, consumer_warps):
 
 
 @functools.lru_cache(maxsize=None)
-def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows"):
+def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows", tma_part=True, has_tail=False):
     """The kernel for one (dtype, tile, stages, consumer warps); all of them compile-time constants."""
     from numba.cuda import types as nbtypes
 
@@ -174,6 +175,7 @@ def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows"):
     compute_tile = cuda.jit(device=True, inline="always")(_tile_compute(dtype_name, br, bc, consumer_warps))
 
     strips = walk == "strips"
+    store_tail = tail_store_2d((br, bc), np.dtype(dtype_name).itemsize)
 
     @cuda.jit(device=True, inline="always")
     def walk_range(ntiles):
@@ -196,7 +198,7 @@ def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows"):
         return tr * BR, (t - tr * tile_cols) * BC
 
     @cuda.jit
-    def laplacian5_kernel(src, dst, ntiles, tile_cols):
+    def laplacian5_kernel(src, dst, tail, aligned, ntiles, tile_cols):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(STAGES, 1, 1)
         tid = cuda.threadIdx.x
@@ -224,9 +226,14 @@ def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows"):
                     bulk_wait_group_read(0)
                 named_barrier_sync(BAR, NT)
                 if tid == 0:
-                    tma_store(dst, (r0, c0), shared_view(dyn, OUT_BASE + b * OUT_STRIDE, (BR, BC)))
+                    if tma_part and c0 < aligned:  # dst describes columns [0, aligned): exact
+                        tma_store(dst, (r0, c0), shared_view(dyn, OUT_BASE + b * OUT_STRIDE, (BR, BC)))
                     bulk_commit_group()
                     pipe.consumer_release()  # every consumer has finished reading stage s
+                if has_tail and c0 + BC > aligned:
+                    # the rows' last partial 16-byte unit: ordinary stores by the consumers (output buffer b is
+                    # rewritten two tiles later, after the next named barrier)
+                    store_tail(shared_view(dyn, OUT_BASE + b * OUT_STRIDE, (BR, BC)), tail, r0, c0, aligned, tid, NT)
                 b ^= 1
                 t += step
             if tid == 0:
@@ -378,23 +385,24 @@ class Laplacian5:
         self.ntiles = self.tile_rows * self.tile_cols
         self.block = 32 * (self.consumer_warps + 1)
         if self.empty:
-            self.src_map = self.dst_map = None
+            self.src_map = self.dst_map = self.out = None
         else:
             self.src_map = TensorMap(src, (br + 2, bc + 2 * halo), l2_promotion=l2_promotion)
-            self.dst_map = TensorMap(dst, (br, bc))
-            require_store_target("Laplacian5", self.dst_map, "dst")
+            self.out = ExactStore(dst, (br, bc))
+            self.dst_map = self.out.map
         self.src = src
         self.dst = dst
 
     @property
     def kernel(self):
         """The ``@cuda.jit`` kernel (compiled for this plan's dtype, tile, stages and consumer warps)."""
-        return _laplacian_kernel(self.dtype.name, *self.tile, self.stages, self.consumer_warps, self.walk)
+        return _laplacian_kernel(self.dtype.name, *self.tile, self.stages, self.consumer_warps, self.walk,
+                                 self.out.tma, self.out.has_tail)
 
     @property
     def args(self):
-        """The kernel's arguments: ``(src_map, dst_map, ntiles, tile_cols)``."""
-        return (self.src_map, self.dst_map, self.ntiles, self.tile_cols)
+        """The kernel's arguments: ``(src_map, dst_map, dst_tail, aligned, ntiles, tile_cols)``."""
+        return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, self.ntiles, self.tile_cols)
 
     def grid(self):
         """Persistent grid size (needs the GPU to count SMs)."""
@@ -404,7 +412,8 @@ class Laplacian5:
         """Run the stencil on ``stream``; returns ``dst``."""
         if self.empty:
             return self.dst
-        self.kernel[self.grid(), self.block, stream, self.smem_bytes](*self.args)
+        args = self.args
+        self.kernel[self.grid(), self.block, stream, self.smem_bytes](*args[:2], self.out.launch_tail, *args[3:])
         return self.dst
 
     def __repr__(self):

@@ -28,7 +28,8 @@ from numbatma.intrinsics import (
     tma_store_hinted,
 )
 
-from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_store_target, same_layout
+from ._exact_store import ExactStore, tail_store_2d
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, same_layout
 
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
 
@@ -89,10 +90,11 @@ def _slot_elems(tile, itemsize, align=128):
 
 
 @functools.lru_cache(maxsize=None)
-def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
+def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_tail=False):
     tr, tc = tile
     tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0  # a stage is refilled once the store issued *before* the current one read it
+    store_tail = tail_store_2d(tile, nb_dtype.bitwidth // 8)
 
     @cuda.jit(device=True, inline="always")
     def load(pipe, ring, src, t, tiles_c, policy):
@@ -106,7 +108,7 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
         pipe.producer_commit()
 
     @cuda.jit
-    def stream_copy_kernel(src, dst, tiles_c, ntiles):
+    def stream_copy_kernel(src, dst, tail, aligned, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
         if cuda.threadIdx.x == 0:
@@ -121,10 +123,13 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
                 c = pipe.consumer_wait()
                 tile = shared_view(ring, c * tile_elems, (tr, tc))
                 coords = ((t // tiles_c) * tr, (t % tiles_c) * tc)
-                if evict_first:
-                    tma_store_hinted(dst, coords, tile, policy)
-                else:
-                    tma_store(dst, coords, tile)
+                if tma_part and coords[1] < aligned:  # dst describes columns [0, aligned): exact
+                    if evict_first:
+                        tma_store_hinted(dst, coords, tile, policy)
+                    else:
+                        tma_store(dst, coords, tile)
+                if has_tail:  # the rows' last partial 16-byte unit: ordinary stores from the tile
+                    store_tail(tile, tail, coords[0], coords[1], aligned, 0, 1)
                 bulk_commit_group()
                 if i >= lag:
                     bulk_wait_group_read(lag)
@@ -138,16 +143,17 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False):
 
 
 @functools.lru_cache(maxsize=None)
-def _copy_kernel_two_roles(stages, tile, nb_dtype):
+def _copy_kernel_two_roles(stages, tile, nb_dtype, tma_part=True, has_tail=False):
     """The copy with a loading warp and a storing warp (one elected lane each): loads never wait behind the
     storer's ``wait_group.read``; the storer releases a stage once the store before the current one read
     it."""
     tr, tc = tile
     tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0
+    store_tail = tail_store_2d(tile, nb_dtype.bitwidth // 8)
 
     @cuda.jit
-    def stream_copy_two_roles_kernel(src, dst, tiles_c, ntiles):
+    def stream_copy_two_roles_kernel(src, dst, tail, aligned, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
         first = cuda.blockIdx.x
@@ -165,7 +171,13 @@ def _copy_kernel_two_roles(stages, tile, nb_dtype):
             for i in range(mine):
                 t = first + i * step
                 c = pipe.consumer_wait()
-                tma_store(dst, ((t // tiles_c) * tr, (t % tiles_c) * tc), shared_view(ring, c * tile_elems, (tr, tc)))
+                tile = shared_view(ring, c * tile_elems, (tr, tc))
+                r0 = (t // tiles_c) * tr
+                c0 = (t % tiles_c) * tc
+                if tma_part and c0 < aligned:
+                    tma_store(dst, (r0, c0), tile)
+                if has_tail:
+                    store_tail(tile, tail, r0, c0, aligned, 0, 1)
                 bulk_commit_group()
                 if i >= lag:
                     bulk_wait_group_read(lag)
@@ -198,8 +210,8 @@ class StreamCopy:
         (src2, dst2), ls = _views(op, src, dst)
         self.tile = _tile(ls, tile_bytes, stages)
         self.src_map = TensorMap(src2, self.tile, l2_promotion=l2_promotion)
-        self.dst_map = TensorMap(dst2, self.tile)
-        require_store_target(op, self.dst_map, "dst")
+        self.out = ExactStore(dst2, self.tile)
+        self.dst_map = self.out.map
         rows, cols = ls.shape
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
@@ -207,16 +219,22 @@ class StreamCopy:
         self.smem = stages * _slot_elems(self.tile, ls.dtype.itemsize) * ls.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
         nb_dtype = self.src_map.numba_type.dtype
+        exact = (self.out.tma, self.out.has_tail)
         if two_roles:
-            self.kernel, self.threads = _copy_kernel_two_roles(stages, self.tile, nb_dtype), 64
+            self.kernel, self.threads = _copy_kernel_two_roles(stages, self.tile, nb_dtype, *exact), 64
         else:
-            self.kernel, self.threads = _copy_kernel(stages, self.tile, nb_dtype, bool(evict_first)), 32
+            self.kernel, self.threads = _copy_kernel(stages, self.tile, nb_dtype, bool(evict_first), *exact), 32
         self.nbytes = 2 * math.prod(ls.shape) * ls.dtype.itemsize  # read + written
+
+    @property
+    def args(self):
+        """The kernel's arguments (valid offline, e.g. for ``numbatma.compile.compile_ptx``)."""
+        return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, self.tiles_c, self.ntiles)
 
     def launch(self, stream=0):
         if self.ntiles:
-            self.kernel[self.grid, self.threads, stream, self.smem](self.src_map, self.dst_map, self.tiles_c,
-                                                                    self.ntiles)
+            args = self.args
+            self.kernel[self.grid, self.threads, stream, self.smem](*args[:2], self.out.launch_tail, *args[3:])
 
 
 def stream_copy(src, dst, **options):
@@ -232,15 +250,16 @@ CONSUMERS = 32 * CONSUMER_WARPS
 
 
 @functools.lru_cache(maxsize=None)
-def _axpy_kernel(stages, tile, nb_dtype):
+def _axpy_kernel(stages, tile, nb_dtype, tma_part=True, has_tail=False):
     tr, tc = tile
     tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
     stage_elems = 2 * tile_elems  # x tile, then y tile
     n = tr * tc
     lag = 1 if stages > 1 else 0
+    store_tail = tail_store_2d(tile, nb_dtype.bitwidth // 8)
 
     @cuda.jit
-    def axpy_kernel(a, x, y, out, tiles_c, ntiles):
+    def axpy_kernel(a, x, y, out, tail, aligned, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         # full: the producer's arrival + TMA bytes; empty: the storing consumer thread's arrival
         pipe = Pipeline(stages, 1, 1)
@@ -272,8 +291,14 @@ def _axpy_kernel(stages, tile, nb_dtype):
                     xs[k] = a * xs[k] + ys[k]
                 fence_proxy_async_shared_cta()
                 named_barrier_sync(1, CONSUMERS)
+                r0 = (t // tiles_c) * tr
+                c0 = (t % tiles_c) * tc
+                if has_tail and c0 + tc > aligned:  # the rows' last partial 16-byte unit: ordinary stores
+                    store_tail(shared_view(ring, base, (tr, tc)), tail, r0, c0, aligned, me, CONSUMERS)
+                    named_barrier_sync(1, CONSUMERS)  # every tail read of the stage is done before its release
                 if me == 0:
-                    tma_store(out, ((t // tiles_c) * tr, (t % tiles_c) * tc), shared_view(ring, base, (tr, tc)))
+                    if tma_part and c0 < aligned:  # out describes columns [0, aligned): exact
+                        tma_store(out, (r0, c0), shared_view(ring, base, (tr, tc)))
                     bulk_commit_group()
                     if i >= lag:
                         bulk_wait_group_read(lag)
@@ -307,8 +332,8 @@ class Axpy:
         self.tile = _tile(lx, tile_bytes, 2 * stages)
         self.x_map = TensorMap(x2, self.tile, l2_promotion=l2_promotion)
         self.y_map = TensorMap(y2, self.tile, l2_promotion=l2_promotion)
-        self.out_map = TensorMap(o2, self.tile)
-        require_store_target(op, self.out_map, "out")
+        self.out = ExactStore(o2, self.tile)
+        self.out_map = self.out.map
         rows, cols = lx.shape
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
@@ -316,14 +341,19 @@ class Axpy:
         self.smem = stages * 2 * _slot_elems(self.tile, lx.dtype.itemsize) * lx.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
         self.a = layout.dtype.type(a)
-        self.kernel = _axpy_kernel(stages, self.tile, self.x_map.numba_type.dtype)
+        self.kernel = _axpy_kernel(stages, self.tile, self.x_map.numba_type.dtype, self.out.tma, self.out.has_tail)
         self.nbytes = 3 * math.prod(lx.shape) * lx.dtype.itemsize  # two reads, one write
+
+    @property
+    def args(self):
+        """The kernel's arguments (valid offline, e.g. for ``numbatma.compile.compile_ptx``)."""
+        return (self.a, self.x_map, self.y_map, self.out_map, self.out.tail, self.out.aligned, self.tiles_c,
+                self.ntiles)
 
     def launch(self, stream=0):
         if self.ntiles:
-            self.kernel[self.grid, 32 + CONSUMERS, stream, self.smem](
-                self.a, self.x_map, self.y_map, self.out_map, self.tiles_c, self.ntiles
-            )
+            args = self.args
+            self.kernel[self.grid, 32 + CONSUMERS, stream, self.smem](*args[:4], self.out.launch_tail, *args[5:])
 
 
 def axpy(a, x, y, out, **options):

@@ -46,7 +46,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_store_target
+from ._exact_store import ExactStore, tail_store_2d
+from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
 
 __all__ = ["Transpose", "transpose", "default_tile", "UNIT_SHAPES"]
 
@@ -196,7 +197,8 @@ class Geometry:
 
 
 @functools.lru_cache(maxsize=None)
-def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stages, order):
+def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stages, order, tma_part=True,
+                      has_tail=False):
     geo = Geometry(itemsize, tile, stages, consumer_warps, out_stages)
     tm, tn, W = geo.tm, geo.tn, geo.W
     tile_elems, tile_words = geo.tile_elems, geo.tile_words
@@ -211,9 +213,10 @@ def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stag
     wait_read = out_stages - 2
     src_major = order == "src"
     move = cuda.jit(device=True, inline="always")(UNITS[itemsize])
+    store_tail = tail_store_2d((tn, W), itemsize, swizzle=128)  # a store box: (tn, W), 128B-swizzled
 
     @cuda.jit
-    def transpose_kernel(src, dst, rows, cols, tiles_fast, ntiles):
+    def transpose_kernel(src, dst, tail, aligned, rows, cols, tiles_fast, ntiles):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         # full: the producer's arrival + the TMA bytes; empty: one arrival per consumer warp
         pipe = Pipeline(stages, 1, ncw)
@@ -265,12 +268,18 @@ def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stag
                     # the buffer the *next* tile writes was last read by the store out_stages - 1 tiles ago
                     bulk_wait_group_read(wait_read)
                 named_barrier_sync(1, consumers)
+                obase = (stages + ob) * tile_elems
                 if storer:
-                    obase = (stages + ob) * tile_elems
                     for b in range(store_boxes):
-                        if r0 + b * W < rows:
+                        if tma_part and r0 + b * W < aligned:  # dst describes columns [0, aligned): exact
                             tma_store(dst, (c0, r0 + b * W), shared_view(smem, obase + b * tn * W, (tn, W)))
                     bulk_commit_group()
+                if has_tail and r0 + tm > aligned:
+                    # dst's rows end mid 16-byte unit: its last columns (source rows >= aligned) get ordinary
+                    # stores by all consumers; the buffer is rewritten only after a later named barrier.
+                    for b in range(store_boxes):
+                        store_tail(shared_view(smem, obase + b * tn * W, (tn, W)), tail, c0, r0 + b * W, aligned,
+                                   cuda.threadIdx.x, consumers)
                 ob += 1
                 if ob == out_stages:
                     ob = 0
@@ -394,21 +403,21 @@ class Transpose:
         self.tiles_fast = self.tiles_n if order == "src" else self.tiles_m
         self._grid = None if grid is None else min(grid, max(self.ntiles, 1))
         if self.ntiles == 0:  # an empty array: nothing to describe or launch
-            self.src_map = self.dst_map = None
+            self.src_map = self.dst_map = self.out = None
             self.kernel = None
             return
         self.src_map = TensorMap(src, (tm, w), swizzle=Swizzle.B128, oob_fill=OOBFill.ZERO,
                                  l2_promotion=l2_promotion)
-        self.dst_map = TensorMap(dst, (tn, w), swizzle=Swizzle.B128)
-        require_store_target("Transpose", self.dst_map, "dst")
+        self.out = ExactStore(dst, (tn, w), swizzle=Swizzle.B128)
+        self.dst_map = self.out.map
         self.kernel = _transpose_kernel(itemsize, self.src_map.numba_type.dtype, self.tile, stages,
-                                        consumer_warps, out_stages, order)
+                                        consumer_warps, out_stages, order, self.out.tma, self.out.has_tail)
 
     @property
     def args(self):
         """The kernel's arguments (descriptors first), e.g. for ``numbatma.compile.compile_ptx``."""
         m, n = self.shape
-        return (self.src_map, self.dst_map, m, n, self.tiles_fast, self.ntiles)
+        return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, m, n, self.tiles_fast, self.ntiles)
 
     @property
     def grid(self):
@@ -421,7 +430,8 @@ class Transpose:
         """Run the transpose on ``stream`` (asynchronous, like any kernel launch)."""
         if self.kernel is None:
             return
-        self.kernel[self.grid, self.threads, stream, self.smem](*self.args)
+        args = self.args
+        self.kernel[self.grid, self.threads, stream, self.smem](*args[:2], self.out.launch_tail, *args[3:])
 
     def __repr__(self):
         m, n = self.shape

@@ -15,7 +15,9 @@ from .tensormap import (
     TensorMap,
     TensorMapArray,
     TensorMapError,
+    aligned_columns,
     array_layout,
+    kernel_view,
 )
 
 __version__ = "0.1.0"
@@ -54,7 +56,9 @@ __all__ = [
     "TensorMap",
     "TensorMapArray",
     "TensorMapError",
+    "aligned_columns",
     "array_layout",
+    "kernel_view",
     "Im2colTensorMap",
     "cluster_kernel",
     "cluster_launch_bounds",

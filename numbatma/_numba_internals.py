@@ -264,7 +264,21 @@ def _simulator_hook_points():
         "BlockThread.run": (kernel.BlockThread, "run"),
         "BlockManager.run": (kernel.BlockManager, "run"),
         "FakeCUDADevice": (devices, "FakeCUDADevice"),
+        "FakeCUDAArray": (_sim_devicearray(), "FakeCUDAArray"),
     }
+
+
+def _sim_devicearray():
+    from numba.cuda.simulator.cudadrv import devicearray
+
+    return devicearray
+
+
+def simulated_device_array(view):
+    """A simulated device array over the NumPy array ``view`` itself (no copy; strided views allowed), as
+    ``numbatma.kernel_view`` hands kernels under the simulator (a plain NumPy argument would be copied,
+    and refused when not contiguous)."""
+    return _sim_devicearray().FakeCUDAArray(view)
 
 
 def install_simulator():

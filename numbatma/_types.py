@@ -83,13 +83,18 @@ class TensorMapType(types.Type):
     must have; ``tma_dtype`` the driver's element type name (e.g. ``"TFLOAT32"``).
     """
 
-    def __init__(self, dtype, tma_dtype, box, element_strides, swizzle, interleave):
+    def __init__(self, dtype, tma_dtype, box, element_strides, swizzle, interleave, store_overhang=0,
+                 allow_store_overhang=False):
         self.dtype = dtype
         self.tma_dtype = tma_dtype
         self.box = tuple(int(b) for b in box)
         self.element_strides = tuple(int(e) for e in element_strides)
         self.swizzle = int(swizzle)
         self.interleave = int(interleave)
+        # Bytes a store reaching a row's end writes past it (TensorMap.store_overhang), and whether the user
+        # allowed that; tile stores/reduces through a descriptor with an unallowed overhang are typing errors.
+        self.store_overhang = int(store_overhang)
+        self.allow_store_overhang = bool(allow_store_overhang) and self.store_overhang > 0
         extra = ""
         if any(e != 1 for e in self.element_strides):
             extra += f", element_strides={self.element_strides}"
@@ -97,11 +102,15 @@ class TensorMapType(types.Type):
             extra += f", interleave={self.interleave}B"
         if tma_dtype.startswith("TFLOAT32"):
             extra += ", tf32"
+        if self.store_overhang:
+            extra += f", rows end {self.store_overhang} bytes short of 16" + (
+                " (overhang allowed)" if self.allow_store_overhang else "")
         super().__init__(name=f"TensorMap({dtype}, box={self.box}, swizzle={self.swizzle}B{extra})")
 
     @property
     def key(self):
-        return (self.dtype, self.tma_dtype, self.box, self.element_strides, self.swizzle, self.interleave)
+        return (self.dtype, self.tma_dtype, self.box, self.element_strides, self.swizzle, self.interleave,
+                self.store_overhang, self.allow_store_overhang)
 
     @property
     def rank(self):

@@ -26,6 +26,9 @@ __all__ = [
     "L2Promotion",
     "Interleave",
     "SUPPORTED_DTYPES",
+    "aligned_columns",
+    "kernel_view",
+    "DeviceView",
 ]
 
 
@@ -110,6 +113,12 @@ class ArrayLayout:
     def name(self):
         return f"{self.dtype.name} array with shape {_shape_str(self.shape)}"
 
+    def columns(self, start, stop):
+        """The layout of ``array[..., start:stop]`` (a range of the innermost axis)."""
+        start, stop = max(0, int(start)), min(int(stop), self.shape[-1])
+        return ArrayLayout(self.ptr + start * self.strides[-1], self.shape[:-1] + (max(0, stop - start),),
+                           self.strides, self.dtype)
+
 
 def _dtype_from_typestr(typestr, descr=None):
     try:
@@ -152,6 +161,53 @@ class _LayoutArray:
             "data": (layout.ptr, False),
             "version": 3,
         }
+
+
+class DeviceView:
+    """A strided view of device memory (the CUDA Array Interface of an :class:`ArrayLayout`) that keeps the
+    array owning the memory alive. Pass it to a ``@cuda.jit`` kernel as it is, or call :meth:`device_array`
+    once for a numba device array (cheaper to launch with: no conversion per launch)."""
+
+    def __init__(self, layout, owner):
+        self.owner = owner
+        self.layout = layout
+        dtype = _bits_dtype(layout.dtype)
+        self.__cuda_array_interface__ = {"shape": tuple(layout.shape), "strides": tuple(layout.strides),
+                                         "typestr": dtype.str, "data": (int(layout.ptr), False), "version": 3}
+        self._device = None
+
+    def device_array(self):
+        """The numba device array over the same memory (made on first call; needs the CUDA driver)."""
+        if self._device is None:
+            from numba import cuda
+
+            self._device = cuda.from_cuda_array_interface(self.__cuda_array_interface__, owner=self, sync=False)
+        return self._device
+
+
+def _bits_dtype(dtype):
+    """bfloat16 (which numba kernels cannot take) as uint16: the same bits."""
+    return np.dtype("<u2") if dtype.name == "bfloat16" or dtype.kind == "V" else dtype
+
+
+def kernel_view(layout, owner):
+    """A ``@cuda.jit`` kernel argument viewing the memory ``layout`` describes (an :class:`ArrayLayout`, e.g.
+    ``array_layout(x).columns(a, b)``) inside the array ``owner``: a :class:`DeviceView` (no copy, no
+    synchronisation, no driver needed until launch), or under the CUDA simulator a simulated device array
+    over the same memory. bfloat16 is viewed as uint16 (the same bits; kernels move or convert them)."""
+    if not _SIMULATING:
+        return DeviceView(layout, owner)
+    host = _simulator_memory(owner)
+    if host is None:
+        raise TensorMapError(f"kernel_view: cannot reach the memory of a {type(owner).__name__} in the simulator")
+    base = host
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    offset = layout.ptr - int(base.__array_interface__["data"][0])
+    view = np.ndarray(layout.shape, _bits_dtype(layout.dtype), buffer=base, offset=offset, strides=layout.strides)
+    from ._numba_internals import simulated_device_array
+
+    return simulated_device_array(view)
 
 
 def _unit_dims_strides(shape, strides, itemsize):
@@ -284,6 +340,14 @@ class TensorMap:
       * ``element_strides``: per-axis traversal step in 1..8 (loads every k-th element).
       * ``interleave``: :class:`Interleave` for interleaved layouts (rank >= 3).
       * ``tf32``: encode a float32 array as TFLOAT32 (values rounded to tf32 on load).
+      * ``allow_store_overhang``: only for a store/reduce target whose rows are not a whole number of
+        16-byte units (:attr:`store_overhang` > 0). A TMA store writes whole 16-byte units, so a box that
+        reaches a row's end also writes the bytes up to the next 16-byte boundary, *outside* the array
+        (a neighbour's data in a view of a larger array). Kernels refuse to store through such a
+        descriptor (a typing error; the simulator reports it too) unless you pass ``True`` here, stating
+        that those bytes are yours to overwrite (e.g. the padding of a pitched allocation). The exact
+        alternative is what :mod:`numbatma.kernels` do: describe the 16-byte-aligned part of the rows
+        (:func:`aligned_columns`) for the stores and write the last few elements with ordinary stores.
 
     The array must stay alive while kernels use the descriptor (the TensorMap keeps a reference).
     """
@@ -299,6 +363,7 @@ class TensorMap:
         element_strides=None,
         interleave=Interleave.NONE,
         tf32=False,
+        allow_store_overhang=False,
     ):
         layout = array_layout(array)
         self.swizzle = _coerce_enum(Swizzle, swizzle, "swizzle")
@@ -306,6 +371,11 @@ class TensorMap:
         self.l2_promotion = _coerce_enum(L2Promotion, l2_promotion, "l2_promotion")
         self.interleave = _coerce_enum(Interleave, interleave, "interleave")
         self.tf32 = bool(tf32)
+        if not isinstance(allow_store_overhang, (bool, np.bool_)):
+            raise TensorMapError(
+                f"TensorMap: allow_store_overhang must be True or False, got {allow_store_overhang!r}."
+            )
+        self.allow_store_overhang = bool(allow_store_overhang)
         self.shape = layout.shape
         self.strides = layout.strides
         self.dtype = layout.dtype
@@ -340,12 +410,12 @@ class TensorMap:
 
     @property
     def store_overhang(self):
-        """Bytes a TMA tile *store* may write past the last element of each innermost row: the hardware
-        completes the row to the next 16-byte boundary (observed on an H200; ``scripts/probe_store_clip.py``).
-        0 when the innermost extent is a whole number of 16-byte units. Within a padded view those bytes are
-        the row's padding; for a single row or a 1-D array they lie past the end of the array."""
-        row = self.shape[-1] * self.dtype.itemsize
-        return -row % 16
+        """Bytes a TMA tile *store* (or reduce) writes past the last element of an innermost row when its box
+        reaches the row's end: the hardware completes the row to the next 16-byte boundary (observed on an
+        H200 and an H100, and in plain CUDA C++: ``scripts/probe_store_clip.py``). 0 when the innermost extent
+        is a whole number of 16-byte units. Those bytes are outside the array: padding of a pitched
+        allocation, or a neighbour's data. See ``allow_store_overhang``."""
+        return store_overhang(self.shape[-1], self.dtype.itemsize)
 
     @property
     def numba_type(self):
@@ -355,7 +425,8 @@ class TensorMap:
 
             nb_dtype = _numba_dtype(self.dtype)
             self._numba_type = TensorMapType(
-                nb_dtype, self.tma_dtype, self.box, self.element_strides, int(self.swizzle), int(self.interleave)
+                nb_dtype, self.tma_dtype, self.box, self.element_strides, int(self.swizzle), int(self.interleave),
+                self.store_overhang, self.allow_store_overhang,
             )
         return self._numba_type
 
@@ -542,6 +613,39 @@ def _check_address(layout, interleave):
             f"aligned; TMA needs the global address to be a multiple of {align} bytes. A slice that starts "
             f"mid-row often causes this: describe the whole array and move the box coordinates instead."
         )
+
+
+def store_overhang(extent, itemsize):
+    """Bytes past the end of a row of ``extent`` elements that a TMA store reaching the row's end writes."""
+    return -(extent * itemsize) % 16
+
+
+def aligned_columns(extent, itemsize):
+    """How many leading elements of a row of ``extent`` elements fill whole 16-byte units: the part of the
+    row that TMA stores can write exactly. The remaining ``extent - aligned_columns(...)`` elements (fewer
+    than 16 bytes) need ordinary stores."""
+    return extent * itemsize // 16 * 16 // itemsize
+
+
+def store_overhang_error(op, dtype_name, itemsize, overhang, extent=None):
+    """The message for a TMA store or reduce through a descriptor whose rows end ``overhang`` bytes short of a
+    16-byte boundary and whose TensorMap did not allow that (``allow_store_overhang``)."""
+    per16 = max(1, 16 // itemsize)
+    if extent is None:
+        rows = (f"the destination's rows are not a whole number of 16-byte units (a multiple of {per16} "
+                f"{dtype_name} elements)")
+    else:
+        rows = (f"the destination's rows are {extent} {dtype_name} elements = {extent * itemsize} bytes, not a "
+                f"multiple of 16 bytes")
+    elems = overhang // itemsize
+    return (
+        f"{op}: {rows}; a TMA store writes whole 16-byte units, so a box that reaches the end of a row also "
+        f"writes the {overhang} bytes ({elems} element{'s' if elems != 1 else ''}) after it, which lie outside "
+        f"the array (a neighbour's data in a view of a larger array). Store the 16-byte-aligned part with TMA "
+        f"(a TensorMap of dst[..., :numbatma.aligned_columns(n, itemsize)]) and the last elements of each row "
+        f"with ordinary stores, as numbatma.kernels do; or, if those bytes are yours to overwrite (padding), "
+        f"build the TensorMap with allow_store_overhang=True."
+    )
 
 
 def tile_footprint(box, element_strides, itemsize, swizzle):

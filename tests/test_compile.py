@@ -25,6 +25,7 @@ from numbatma.intrinsics import (
     setmaxnreg_dec,
     setmaxnreg_inc,
     shared_view,
+    tma_reduce,
     bulk_commit_group,
     bulk_wait_group,
     bulk_wait_group_read,
@@ -322,6 +323,37 @@ def test_typing_error_tile_of_rows_narrower_than_the_swizzle():
                          "shared shape (16, 16)", "narrower than the 64-byte swizzle span")
     ptx = nbc.compile_ptx(k_narrow_swizzled_padded, (narrow.numba_type,))
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile" in (ptx if isinstance(ptx, str) else ptx[0])
+
+
+def k_store_box(d):
+    t = cuda.shared.array((16, 32), np.float32, alignment=128)
+    tma_store(d, (0, 0), t)
+
+
+def k_reduce_box(d):
+    t = cuda.shared.array((16, 32), np.float32, alignment=128)
+    tma_reduce("add", d, (0, 0), t)
+
+
+@pytest.mark.parametrize("kernel, op", [(k_store_box, "tma_store"), (k_reduce_box, "tma_reduce")])
+def test_typing_error_store_through_rows_that_end_mid_16_bytes(kernel, op):
+    """A view of 1003 float32 columns (in rows of 1008): a store reaching a row's end would write 4 bytes
+    after it. Refused unless the TensorMap says those bytes are the caller's; a view of the aligned columns is
+    fine as it is."""
+    parent = FakeCudaArray((64, 1003), np.float32, strides=(1008 * 4, 4))
+    _expect_typing_error(kernel, (TensorMap(parent, (16, 32)).numba_type,), f"{op}: the destination's rows are "
+                         "not a whole number of 16-byte units (a multiple of 4 float32 elements)",
+                         "writes the 4 bytes (1 element) after it", "allow_store_overhang=True",
+                         "numbatma.aligned_columns")
+    allowed = TensorMap(parent, (16, 32), allow_store_overhang=True)
+    assert "bulk.tensor.2d.global.shared::cta" in nbc.compile_ptx(kernel, (allowed.numba_type,))
+    aligned = FakeCudaArray((64, numbatma.aligned_columns(1003, 4)), np.float32, strides=(1008 * 4, 4))
+    assert "bulk.tensor.2d.global.shared::cta" in nbc.compile_ptx(kernel, (TensorMap(aligned, (16, 32)).numba_type,))
+
+
+def test_allow_store_overhang_must_be_a_bool():
+    with pytest.raises(numbatma.TensorMapError, match="allow_store_overhang must be True or False"):
+        TensorMap(FakeCudaArray((64, 64), np.float32), (16, 32), allow_store_overhang="yes")
 
 
 def test_typing_error_not_shared_memory():

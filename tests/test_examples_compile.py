@@ -11,7 +11,7 @@ from numba import types
 
 import numbatma
 from numbatma import compile as nbc
-from numbatma.kernels.copy import _copy_kernel, default_box
+from numbatma.kernels.copy import TmaCopy
 
 from fakes import FakeCudaArray
 
@@ -50,10 +50,17 @@ def test_seed_003_example_compiles():
 @pytest.mark.parametrize("rank", [1, 2, 3, 4, 5])
 def test_copy_kernel_compiles_for_every_rank(rank):
     shape = (3, 5, 7, 9, 40)[-rank:]
-    t = tmap(shape, np.int16, default_box(shape, 2))
-    k = _copy_kernel(rank, t.shared_shape, t.numba_type.dtype, 128)
-    ptx = nbc.compile_ptx(k.py_func, (t, t, types.UniTuple(types.int64, rank)))
-    assert f"cp.async.bulk.tensor.{rank}d" in ptx
+    src, dst = FakeCudaArray(shape, np.int16), FakeCudaArray(shape, np.int16, ptr=1 << 30)
+    plan = TmaCopy(src, dst)  # rows of 40 int16 (80 bytes): no tail
+    ptx = nbc.compile_ptx(plan.kernel.py_func, plan.args)
+    assert f"cp.async.bulk.tensor.{rank}d" in ptx and not plan.out.has_tail
+    odd = (3, 5, 7, 9, 37)[-rank:]  # rows of 74 bytes (in rows of 80): TMA for 64, ordinary stores for 5
+    strides = tuple(int(np.prod((3, 5, 7, 9, 40)[-rank:][i + 1:])) * 2 for i in range(rank))
+    plan = TmaCopy(FakeCudaArray(odd, np.int16, strides), FakeCudaArray(odd, np.int16, strides, ptr=1 << 30),
+                   swizzle=128)
+    assert plan.out.has_tail and plan.out.aligned == 32
+    sass = nbc.sass(nbc.link_cubin(nbc.compile_ptx(plan.kernel.py_func, plan.args)))
+    assert f"UTMASTG.{rank}D" in sass and "STL" not in sass
 
 
 def test_main_example_runs_in_the_simulator_without_a_gpu():

@@ -132,11 +132,15 @@ def test_row_sum_out_of_leading_shape_and_rank_one():
     assert_sum_close(out1.copy_to_host().reshape(()), v)
 
 
-def test_softmax_of_one_odd_length_row_is_refused():
-    """A TMA store completes rows to 16 bytes: for one row of 1001 float32 that is 12 bytes past the end."""
+def test_softmax_of_one_odd_length_row():
+    """One row of 1001 float32: a TMA store reaching its end would write 12 bytes past the array; the kernel
+    stores the first 1000 elements with TMA and the last with an ordinary store."""
     x = random_rows((1, 1001))
-    with pytest.raises(TensorMapError, match="16-byte units"):
-        softmax(cuda.to_device(x), poisoned(x.shape))
+    parent = cuda.to_device(np.full(1008, -7.0, np.float32))
+    softmax(cuda.to_device(x), parent[:1001].reshape(1, 1001))
+    got = parent.copy_to_host()
+    assert_softmax_close(got[:1001].reshape(1, 1001), x)
+    assert (got[1001:] == -7.0).all()
 
 
 # -- Softmax -------------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def test_options_reach_the_plan():
     assert p.tile == (128, 32) and p.src_map.box == (128, 32) and p.dst_map.box == (32, 32)
     assert p.threads == 96 and p.smem == 6 * 128 * 32 * 4
     assert p.tiles_fast == p.tiles_m == 3 and p.tiles_n == 7
-    assert p.args[2:] == (300, 200, 3, 21)
+    assert p.args[3:] == (300, 300, 200, 3, 21)  # (first tail column: dst rows have no tail; shape; tiles)
 
 
 def test_empty_array_plans_nothing():

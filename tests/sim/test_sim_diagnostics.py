@@ -223,15 +223,28 @@ def store_rows(dst, col):
         bulk_wait_group(0)
 
 
-def test_store_overhang_lands_in_the_row_padding():
-    """Rows of 6 float32 (24 bytes) in an allocation with rows of 8: the store of the box at column 0 writes
-    columns 6 and 7 too (the hardware completes each row to 16 bytes), within the padding."""
+def test_store_through_an_overhanging_descriptor_is_refused():
+    """Rows of 6 float32 (24 bytes) in an allocation with rows of 8: a store reaching the row end would also
+    write columns 6 and 7, outside the view. Refused as on the GPU (there: a typing error), every time,
+    whatever the coordinates."""
     base = np.zeros((2, 8), np.float32)
-    store_rows[1, 1](numbatma.TensorMap(base[:, :6], (2, 8)), 0)
+    for col in (0, 8):
+        with pytest.raises(SimulatedMisuse, match=r"tma_store: the destination's rows are 6 float32 elements = 24 "
+                                                  r"bytes, not a multiple of 16 bytes; .* writes the 8 bytes \(2 "
+                                                  r"elements\) after it.*allow_store_overhang=True"):
+            store_rows[1, 1](numbatma.TensorMap(base[:, :6], (2, 8)), col)
+    assert not base.any()
+
+
+def test_store_overhang_lands_in_the_row_padding():
+    """With allow_store_overhang=True the store of the box at column 0 writes columns 6 and 7 too (the hardware
+    completes each row to 16 bytes), within the padding."""
+    base = np.zeros((2, 8), np.float32)
+    store_rows[1, 1](numbatma.TensorMap(base[:, :6], (2, 8), allow_store_overhang=True), 0)
     np.testing.assert_array_equal(base, 100 + np.arange(16, dtype=np.float32).reshape(2, 8))
 
 
 def test_store_overhang_past_the_array_is_reported():
     base = np.zeros(6, np.float32)  # one row of 24 bytes: 8 more would land past the array
     with pytest.raises(SimulatedMisuse, match=r"completes the clipped rows to 16 bytes and would write 8 byte"):
-        store_rows[1, 1](numbatma.TensorMap(base.reshape(1, 6), (2, 8)), 0)
+        store_rows[1, 1](numbatma.TensorMap(base.reshape(1, 6), (2, 8), allow_store_overhang=True), 0)
