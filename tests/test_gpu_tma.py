@@ -192,16 +192,17 @@ def test_repointed_descriptor():
     a_host, b_host = random_array((40, 64), "float32"), random_array((40, 64), "float32")
     a, b = cuda.to_device(a_host), cuda.to_device(b_host)
     out = poisoned_like(a_host)
-    s, d = tma_copy(a, out, (8, 32))
+    from numbatma.kernels.copy import TmaCopy
+
+    plan = TmaCopy(a, out, (8, 32))
+    plan.launch()
     cuda.synchronize()
     assert_same_bits(out.copy_to_host(), a_host)
+    s, d = plan.src_map, plan.dst_map
     s.repoint(b)  # same layout, new address: no re-encoding
-    from numbatma.kernels.copy import _copy_kernel
-
     out2 = poisoned_like(a_host)
     d.repoint(out2)
-    kernel = _copy_kernel(2, s.shared_shape, s.numba_type.dtype, 128)
-    kernel[5 * 2, 32](s, d, (5, 2))
+    plan.launch()
     cuda.synchronize()
     assert_same_bits(out2.copy_to_host(), b_host)
     with pytest.raises(numbatma.TensorMapError, match="same layout|layout the descriptor"):
