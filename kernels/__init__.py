@@ -1,14 +1,16 @@
-"""numbatma.kernels: ready-made TMA kernels built only on numbatma's public API."""
-from .copy import default_box, tma_copy
+"""numbatma.kernels: ready-made TMA and tensor-core kernels built only on numbatma's public API."""
+from .copy import TmaCopy, default_box, tma_copy
+from .gemm import Gemm, GemmConfig, gemm
+from .rows import RowSum, Softmax, row_sum, softmax
+from .stencil import Laplacian5, laplacian5
 from .stream import Axpy, StreamCopy, axpy, stream_copy
+from .transpose import Transpose, transpose
 
-__all__ = ["default_box", "tma_copy", "StreamCopy", "stream_copy", "Axpy", "axpy"]
-from .stencil import Laplacian5, laplacian5  # noqa: E402
-
-__all__ += ["Laplacian5", "laplacian5"]
-from .transpose import Transpose, transpose  # noqa: E402
-
-__all__ += ["Transpose", "transpose"]
-from .rows import RowSum, Softmax, row_sum, softmax  # noqa: E402
-
-__all__ += ["RowSum", "Softmax", "row_sum", "softmax"]
+__all__ = [
+    "TmaCopy", "default_box", "tma_copy",
+    "Gemm", "GemmConfig", "gemm",
+    "RowSum", "Softmax", "row_sum", "softmax",
+    "Laplacian5", "laplacian5",
+    "StreamCopy", "stream_copy", "Axpy", "axpy",
+    "Transpose", "transpose",
+]

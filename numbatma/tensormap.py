@@ -404,6 +404,11 @@ class TensorMap:
         return len(self.shape)
 
     @property
+    def itemsize(self):
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    @property
     def array(self):
         """The array the descriptor currently points at."""
         return self._array

@@ -11,17 +11,17 @@ from numbatma.intrinsics import all_ptx
 from numbatma.intrinsics._asm import _REG, TARGETS, UnsupportedTarget, check_targets
 
 # Immediates that must be in a range for ptxas (everything else gets 0: ordinals, group counts).
-IMMEDIATES = {"regs": 232, "nbytes": 16, "n": 0}
+IMMEDIATES = {"regs": 232, "nbytes": 16, "n": 0, "scale_a": 1, "scale_b": 1}
 _REGNAME = {"b16": "h", "b32": "r", "b64": "l", "f32": "f", "f64": "d"}
 
 
 def _standalone_ptx(ptx, target):
     """A kernel whose body is the instruction with registers for its operands."""
     imm = {n: IMMEDIATES.get(n, 0) for n in ptx.imm}
-    order = ([ptx.out] if ptx.out else []) + list(ptx.ins)
+    order = ptx.registers()
     text = ptx.render(**imm)
     for i in reversed(range(len(order))):  # $10 before $1
-        name, reg = order[i]
+        name, reg, _ = order[i]
         text = re.sub(rf"\${i}(?!\d)", f"%{_REGNAME[reg]}{i}", text)
     decls = "\n".join(f"  .reg .{'b' + reg[1:] if reg.startswith('b') else reg} %{_REGNAME[reg]}<{len(order) + 1}>;"
                       for reg in _REG)

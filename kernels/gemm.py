@@ -1,0 +1,441 @@
+"""GEMM on Hopper tensor cores: ``C = alpha * A @ B + beta * C`` with TMA, wgmma and warp specialization,
+written with numbatma's public API only.
+
+Design (the default, ``warp_specialized=True``): a persistent grid of one CTA per SM, 384 threads in three
+warpgroups.
+
+* **Producer** (warpgroup 0, ``setmaxnreg_dec(40)``): one elected thread walks this CTA's output tiles and their
+  k-steps and TMA-loads, for each k-step, the A tile (``BM x BK``, 128-byte swizzle) and the B tile (``BN x BK``
+  when B is given as (N, K): K-major; ``BN / 64`` boxes of ``BK x 64`` when B is (K, N): N-major) into the next
+  free stage of a ``stages``-deep :class:`numbatma.intrinsics.Pipeline` (the stage's barrier expects the
+  boxes' bytes).
+* **Consumers** (warpgroups 1 and 2, ``setmaxnreg_inc(232)``): each owns 64 rows of the ``BM = 128`` rows of a
+  tile and a ``64 x BN`` float32 accumulator in registers (``BN / 2`` per thread). Per k-step: wait for the
+  stage, ``BK / 16`` wgmma (descriptors from :func:`wgmma_desc`), commit, wait until the previous k-step's
+  group is done and release its stage (one arrival per warp) - so one group is always in flight.
+* **Epilogue** (each consumer warpgroup for its 64 rows): ``alpha`` scaling in registers, optionally
+  ``+ beta * C`` (the C chunk TMA-loaded into shared memory first), conversion to C's type and a TMA store,
+  in chunks of 128-byte-wide columns through two buffers per warpgroup (a chunk is written while the previous
+  one's store is in flight). Columns past the last 16-byte unit of C's rows get ordinary stores (TMA stores
+  never write outside C: ``_exact_store``).
+* **Tile order**: tiles are numbered in groups of ``group_m`` tile rows (consecutive CTAs share B tiles and
+  A tiles in L2).
+
+``warp_specialized=False`` gives the classic multistage kernel for comparison: two warpgroups that both
+compute, one of whose threads also issues the TMA loads ``stages - 1`` k-steps ahead.
+
+Shapes: A (M, K) row-major; B (K, N) row-major (``b_layout="kn"``) or (N, K) (``b_layout="nk"``: Bᵀ given);
+C (M, N). bfloat16 or float16 inputs (both the same), float32 accumulation, C bfloat16, float16 or float32.
+Any M, N, K that TMA can describe (every row 16-byte aligned: K, and N for "kn", a multiple of 8 elements,
+or padded views); partial tiles are zero-filled on load and clipped on store.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from numbatma import L2Promotion, SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
+from numbatma.intrinsics import (
+    Pipeline,
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    elect_one_sync,
+    fence_mbarrier_init,
+    fence_proxy_async_shared_cta,
+    mbarrier_arrive_expect_tx,
+    mbarrier_init,
+    mbarrier_ref,
+    mbarrier_wait_parity,
+    named_barrier_sync,
+    setmaxnreg_dec,
+    setmaxnreg_inc,
+    shared_view,
+    tma_load,
+    tma_store,
+    wgmma,
+    wgmma_add_tile,
+    wgmma_commit_group,
+    wgmma_desc,
+    wgmma_fence,
+    wgmma_scale,
+    wgmma_store,
+    wgmma_wait_group,
+    wgmma_zeros,
+)
+
+from ._exact_store import ExactStore, tail_store_2d
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
+
+__all__ = ["Gemm", "gemm", "GemmConfig"]
+
+BM = 128  # two consumer warpgroups x 64 rows
+BK = 64  # 64 bf16/f16 = one 128-byte swizzle row
+WARPGROUP = 128
+MAX_REGISTERS = 168  # at launch: 168 x 384 threads = the register file; setmaxnreg moves them
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232  # 40 x 128 + 2 x 232 x 128 = 168 x 384
+INPUT_DTYPES = ("bfloat16", "float16")
+OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
+_STATIC_SMEM = 1024  # barriers (static shared memory, before the 1024-aligned dynamic buffer)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """What a :class:`Gemm` plan runs: the output tile ``(BM, bn)``, k-step ``BK``, pipeline ``stages``,
+    whether the kernel is warp-specialized, the tile-order group and the grid."""
+
+    bn: int
+    stages: int
+    warp_specialized: bool
+    group_m: int
+    epilogue_cols: int  # columns of C per epilogue chunk (128 bytes)
+    smem_bytes: int
+
+    @property
+    def tile(self):
+        return (BM, self.bn, BK)
+
+
+def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_specialized=True, group_m=8):
+    """The tile heuristic: ``bn = 256`` (the widest wgmma, the most work per byte loaded) unless N is small or
+    the grid of 128 x 256 tiles would leave SMs idle (then 128); as many stages as shared memory holds (at most
+    5) next to the epilogue's buffers."""
+    if bn is None:
+        tiles256 = ceil_div(m, BM) * ceil_div(n, 256)
+        bn = 256 if n > 128 and tiles256 >= 100 else 128
+    if bn % 64 or not 64 <= bn <= 256:
+        raise TensorMapError(f"Gemm: the tile width bn must be 64, 128, 192 or 256, got {bn}")
+    epilogue_cols = 128 // out_itemsize
+    stage_bytes = (BM + bn) * BK * 2
+    epilogue_bytes = 2 * 2 * 64 * epilogue_cols * out_itemsize  # 2 warpgroups x 2 buffers
+    fit = (SMEM_PER_BLOCK - _STATIC_SMEM - epilogue_bytes) // stage_bytes
+    if stages is None:
+        stages = min(5, fit)
+    if not 1 <= stages <= fit:
+        raise TensorMapError(
+            f"Gemm: stages={stages} with a {BM}x{bn}x{BK} tile needs {stages * stage_bytes + epilogue_bytes} bytes "
+            f"of shared memory; at most {fit} stages fit in the {SMEM_PER_BLOCK} bytes a block may use")
+    return GemmConfig(bn, stages, bool(warp_specialized), int(group_m), epilogue_cols,
+                      stages * stage_bytes + epilogue_bytes)
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_m, epilogue_cols, has_beta,
+                 tma_part, has_tail):
+    """The kernel for one configuration (every argument a compile-time constant of the closure)."""
+    a_elems = BM * BK
+    stage_elems = (BM + bn) * BK
+    b_groups = bn // 64
+    out_itemsize = out_dtype.bitwidth // 8
+    epi_elems = 64 * epilogue_cols  # one epilogue buffer, in elements of C
+    epi_base = stages * stage_elems * 2 // out_itemsize  # after the stages, in elements of C
+    chunks = bn // epilogue_cols
+    lag_waits = 1 if stages > 1 else 0
+    store_tail = tail_store_2d((64, epilogue_cols), out_itemsize, swizzle=128)
+
+    @cuda.jit(device=True, inline="always")
+    def tile_origin(t, tiles_m, tiles_n):
+        m0, tn = _tile_origin_dev(t, tiles_m, tiles_n, group_m)
+        return m0, tn * bn
+
+    if b_nk:  # B given as (N, K): one K-major box per stage
+        @cuda.jit(device=True, inline="always")
+        def load_b(pipe, smem, b_map, base, n0, kt):
+            pipe.load(shared_view(smem, base + a_elems, (bn, BK)), b_map, (n0, kt * BK))
+
+        @cuda.jit(device=True, inline="always")
+        def b_operand(smem, b_map, base, kk):
+            return wgmma_desc(shared_view(smem, base + a_elems, (bn, BK)), b_map, "K", 0, 16 * kk)
+    else:  # B given as (K, N): bn / 64 N-major boxes of BK x 64 side by side
+        @cuda.jit(device=True, inline="always")
+        def load_b(pipe, smem, b_map, base, n0, kt):
+            for g in range(b_groups):
+                pipe.load(shared_view(smem, base + a_elems + g * BK * 64, (BK, 64)), b_map, (kt * BK, n0 + 64 * g))
+
+        @cuda.jit(device=True, inline="always")
+        def b_operand(smem, b_map, base, kk):
+            return wgmma_desc(shared_view(smem, base + a_elems, (b_groups, BK, 64)), b_map, "MN", 0, 16 * kk)
+
+    @cuda.jit(device=True, inline="always")
+    def load_stage(pipe, smem, a_map, b_map, m0, n0, kt):
+        """Acquire the producer's next stage and TMA-load one k-step's A and B boxes into it (the stage's full
+        barrier expects their bytes), then commit it."""
+        s = pipe.producer_acquire()
+        base = s * stage_elems
+        pipe.load(shared_view(smem, base, (BM, BK)), a_map, (m0, kt * BK))
+        load_b(pipe, smem, b_map, base, n0, kt)
+        pipe.producer_commit()
+
+    @cuda.jit(device=True, inline="always")
+    def mma_stage(acc, smem, a_map, b_map, s, wg):
+        """The warpgroup's four wgmma (BK = 64: four k-steps of 16, written out so that they issue back to
+        back with constant descriptor offsets) on stage ``s``: its 64 rows of A times the B tile; committed."""
+        base = s * stage_elems
+        a_tile = shared_view(smem, base, (BM, BK))
+        row = 64 * wg
+        acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 0), b_operand(smem, b_map, base, 0), 1)
+        acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 16), b_operand(smem, b_map, base, 1), 1)
+        acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 32), b_operand(smem, b_map, base, 2), 1)
+        acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 48), b_operand(smem, b_map, base, 3), 1)
+        wgmma_commit_group()
+        return acc
+
+    @cuda.jit(device=True, inline="always")
+    def epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, wg, tw, alpha, beta, state):
+        """Warpgroup ``wg``'s 64 rows of the tile: scale, add beta * C, convert, TMA-store in chunks of
+        ``epilogue_cols`` columns through two buffers. ``state``: (C-load barrier phase, chunks so far)."""
+        cphase, done = state
+        acc = wgmma_scale(acc, alpha)
+        row = m0 + 64 * wg
+        for j in range(chunks):
+            tile = shared_view(cdyn, epi_base + (2 * wg + (done & 1)) * epi_elems, (64, epilogue_cols))
+            done += 1
+            if tw == 0:
+                bulk_wait_group_read(1)  # the store that last read this buffer (two chunks ago) is done
+            named_barrier_sync(1 + wg, WARPGROUP)
+            col = n0 + j * epilogue_cols
+            if has_beta:
+                if tw == 0:
+                    mbarrier_arrive_expect_tx(mbarrier_ref(cbar, wg), c_load.box_bytes)
+                    tma_load(tile, c_load, (row, col), mbarrier_ref(cbar, wg))
+                mbarrier_wait_parity(mbarrier_ref(cbar, wg), cphase)
+                cphase ^= 1
+                acc = wgmma_add_tile(acc, tile, c_load, 0, j * epilogue_cols, beta)
+                named_barrier_sync(1 + wg, WARPGROUP)  # everyone read C before the tile is overwritten
+            wgmma_store(acc, tile, c_map, 0, j * epilogue_cols)
+            fence_proxy_async_shared_cta()
+            named_barrier_sync(1 + wg, WARPGROUP)
+            if tw == 0:
+                if tma_part and col < aligned:  # c_map describes C's columns [0, aligned): exact
+                    tma_store(c_map, (row, col), tile)
+                bulk_commit_group()
+            if has_tail and col + epilogue_cols > aligned:  # the rows' last partial 16-byte unit
+                store_tail(tile, c_tail, row, col, aligned, tw, WARPGROUP)
+        return cphase, done
+
+    if warp_specialized:
+
+        @cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
+        def gemm_kernel(a_map, b_map, c_map, c_load, c_tail, aligned, m, n, k, alpha, beta):
+            smem = cuda.shared.array(0, nb_dtype, alignment=1024)
+            cdyn = cuda.shared.array(0, out_dtype, alignment=1024)  # (the same dynamic buffer, as C elements)
+            cbar = cuda.shared.array(2, np.uint64)
+            if cuda.threadIdx.x == 0 and has_beta:
+                mbarrier_init(mbarrier_ref(cbar, 0), 1)
+                mbarrier_init(mbarrier_ref(cbar, 1), 1)
+                fence_mbarrier_init()
+            pipe = Pipeline(stages, 1, 8)  # full: producer + TMA bytes; empty: one arrival per consumer warp
+            tiles_m = (m + BM - 1) // BM
+            tiles_n = (n + bn - 1) // bn
+            ktiles = (k + BK - 1) // BK
+            wg = cuda.threadIdx.x // WARPGROUP
+            if wg == 0:
+                setmaxnreg_dec(PRODUCER_REGISTERS)
+                if cuda.threadIdx.x < 32:
+                    if elect_one_sync():
+                        for t in range(cuda.blockIdx.x, tiles_m * tiles_n, cuda.gridDim.x):
+                            m0, n0 = tile_origin(t, tiles_m, tiles_n)
+                            for kt in range(ktiles):
+                                load_stage(pipe, smem, a_map, b_map, m0, n0, kt)
+            else:
+                setmaxnreg_inc(CONSUMER_REGISTERS)
+                cw = wg - 1
+                tw = cuda.threadIdx.x - wg * WARPGROUP
+                lane = cuda.threadIdx.x % 32
+                state = (0, 0)
+                for t in range(cuda.blockIdx.x, tiles_m * tiles_n, cuda.gridDim.x):
+                    m0, n0 = tile_origin(t, tiles_m, tiles_n)
+                    acc = wgmma_fence(wgmma_zeros(bn))
+                    for kt in range(ktiles):
+                        s = pipe.consumer_wait()
+                        acc = mma_stage(acc, smem, a_map, b_map, s, cw)
+                        if kt > 0:
+                            acc = wgmma_wait_group(1, acc)  # the previous k-step's wgmma are done
+                            if lane == 0:
+                                pipe.consumer_release()
+                    acc = wgmma_wait_group(0, acc)
+                    if lane == 0:
+                        pipe.consumer_release()
+                    state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta,
+                                     state)
+                if tw == 0:
+                    bulk_wait_group(0)
+
+        return gemm_kernel
+
+    @cuda.jit
+    def gemm_kernel_plain(a_map, b_map, c_map, c_load, c_tail, aligned, m, n, k, alpha, beta):
+        """Not warp-specialized: both warpgroups compute; thread 0 also keeps ``stages`` k-steps loading."""
+        smem = cuda.shared.array(0, nb_dtype, alignment=1024)
+        cdyn = cuda.shared.array(0, out_dtype, alignment=1024)
+        cbar = cuda.shared.array(2, np.uint64)
+        if cuda.threadIdx.x == 0 and has_beta:
+            mbarrier_init(mbarrier_ref(cbar, 0), 1)
+            mbarrier_init(mbarrier_ref(cbar, 1), 1)
+            fence_mbarrier_init()
+        pipe = Pipeline(stages, 1, 8)
+        tiles_m = (m + BM - 1) // BM
+        tiles_n = (n + bn - 1) // bn
+        ktiles = (k + BK - 1) // BK
+        first, step = cuda.blockIdx.x, cuda.gridDim.x
+        mine = (tiles_m * tiles_n - first + step - 1) // step
+        total = mine * ktiles  # this CTA's k-steps over all its tiles
+        wg = cuda.threadIdx.x // WARPGROUP
+        tw = cuda.threadIdx.x - wg * WARPGROUP
+        lane = cuda.threadIdx.x % 32
+        producer = cuda.threadIdx.x == 0
+        if producer:  # the first `stages` k-steps
+            for i in range(min(stages, total)):
+                m0, n0 = tile_origin(first + (i // ktiles) * step, tiles_m, tiles_n)
+                load_stage(pipe, smem, a_map, b_map, m0, n0, i % ktiles)
+        state = (0, 0)
+        i = 0  # this CTA's k-step counter
+        for ti in range(mine):
+            m0, n0 = tile_origin(first + ti * step, tiles_m, tiles_n)
+            acc = wgmma_fence(wgmma_zeros(bn))
+            for kt in range(ktiles):
+                s = pipe.consumer_wait()
+                acc = mma_stage(acc, smem, a_map, b_map, s, wg)
+                released = -1
+                if lag_waits:
+                    if kt > 0:
+                        acc = wgmma_wait_group(1, acc)
+                        released = i - 1
+                else:
+                    acc = wgmma_wait_group(0, acc)
+                    released = i
+                if released >= 0:
+                    if lane == 0:
+                        pipe.consumer_release()
+                    nxt = released + stages  # the k-step whose stage was just released
+                    if producer and nxt < total:
+                        pm, pn = tile_origin(first + (nxt // ktiles) * step, tiles_m, tiles_n)
+                        load_stage(pipe, smem, a_map, b_map, pm, pn, nxt % ktiles)
+                i += 1
+            if lag_waits:
+                acc = wgmma_wait_group(0, acc)
+                if lane == 0:
+                    pipe.consumer_release()
+                nxt = i - 1 + stages
+                if producer and nxt < total:
+                    pm, pn = tile_origin(first + (nxt // ktiles) * step, tiles_m, tiles_n)
+                    load_stage(pipe, smem, a_map, b_map, pm, pn, nxt % ktiles)
+            state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, wg, tw, alpha, beta, state)
+        if tw == 0:
+            bulk_wait_group(0)
+
+    return gemm_kernel_plain
+
+
+@cuda.jit(device=True, inline="always")
+def _tile_origin_dev(t, tiles_m, tiles_n, group_m):
+    """(first row, tile column) of output tile ``t`` in the grouped order: tiles run down ``group_m`` tile rows,
+    then across, so consecutive tiles (consecutive CTAs) share A row bands and B column bands in L2."""
+    per_group = group_m * tiles_n
+    group = t // per_group
+    first_m = group * group_m
+    rows_here = min(tiles_m - first_m, group_m)
+    r = t - group * per_group
+    return (first_m + r % rows_here) * BM, r // rows_here
+
+
+class Gemm:
+    """A planned ``c[...] = alpha * a @ b + beta * c`` on tensor cores (see the module docstring).
+
+    ``a``: (M, K); ``b``: (K, N), or (N, K) with ``b_layout="nk"``; ``c``: (M, N). Any CUDA arrays (numba,
+    CuPy, torch): bfloat16 or float16 inputs (the same for both), ``c`` bfloat16, float16 or float32. Options:
+    ``alpha``, ``beta`` (Python numbers; ``plan.alpha`` / ``plan.beta`` may change between launches, but
+    ``beta`` must stay 0 or non-zero as built), ``bn`` (tile width: 64..256), ``stages``, ``warp_specialized``,
+    ``group_m`` (tile-order group), ``grid`` (CTAs; default one per SM). ``plan.config`` shows the choice;
+    ``launch(stream)`` runs it (asynchronously).
+    """
+
+    def __init__(self, a, b, c, *, alpha=1.0, beta=0.0, b_layout="kn", bn=None, stages=None,
+                 warp_specialized=True, group_m=8, grid=None):
+        op = "Gemm"
+        la, lb, lc = array_layout(a), array_layout(b), array_layout(c)
+        for what, lay in (("a", la), ("b", lb), ("c", lc)):
+            if len(lay.shape) != 2:
+                raise TensorMapError(f"{op}: {what} is a {lay.name}; Gemm takes 2-D arrays.")
+        if la.dtype.name not in INPUT_DTYPES or lb.dtype != la.dtype:
+            raise TensorMapError(f"{op}: a is a {la.name} and b a {lb.name}; both must be bfloat16 or both float16.")
+        if lc.dtype.name not in OUTPUT_DTYPES:
+            raise TensorMapError(f"{op}: c is a {lc.name}; supported output dtypes: {', '.join(OUTPUT_DTYPES)}.")
+        if b_layout not in ("kn", "nk"):
+            raise TensorMapError(f"{op}: b_layout must be 'kn' (b is (K, N)) or 'nk' (b is (N, K)), got {b_layout!r}")
+        m, k = la.shape
+        kb, n = lb.shape if b_layout == "kn" else lb.shape[::-1]
+        if kb != k or lc.shape != (m, n):
+            bshape = "(K, N)" if b_layout == "kn" else "(N, K)"
+            raise TensorMapError(
+                f"{op}: shapes do not multiply: a is {la.shape}, b is {lb.shape} (read as {bshape}), c is "
+                f"{lc.shape}; need a (M, K), b {bshape}, c (M, N).")
+        self.shape = (m, n, k)
+        self.dtype, self.out_dtype = la.dtype, lc.dtype
+        self.b_layout = b_layout
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.kernel = None
+        if m == 0 or n == 0:
+            return
+        if k == 0:
+            raise TensorMapError(f"{op}: K is 0 (a is {la.shape}); nothing to multiply.")
+        self.config = default_config(m, n, k, lc.dtype.itemsize, bn=bn, stages=stages,
+                                     warp_specialized=warp_specialized, group_m=group_m)
+        cfg = self.config
+        promo = L2Promotion.B256
+        self.a_map = TensorMap(a, (BM, BK), swizzle=Swizzle.B128, l2_promotion=promo)
+        if b_layout == "nk":
+            self.b_map = TensorMap(b, (cfg.bn, BK), swizzle=Swizzle.B128, l2_promotion=promo)
+        else:
+            self.b_map = TensorMap(b, (BK, 64), swizzle=Swizzle.B128, l2_promotion=promo)
+        c_box = (64, cfg.epilogue_cols)
+        self.out = ExactStore(c, c_box, swizzle=Swizzle.B128)
+        self.c_map = self.out.map
+        has_beta = self.beta != 0.0
+        self.c_load = TensorMap(c, c_box, swizzle=Swizzle.B128) if has_beta else self.c_map
+        self.tiles = (ceil_div(m, BM), ceil_div(n, cfg.bn))
+        self.ntiles = self.tiles[0] * self.tiles[1]
+        self._grid = None if grid is None else max(1, min(int(grid), self.ntiles))
+        self.threads = 3 * WARPGROUP if cfg.warp_specialized else 2 * WARPGROUP
+        self.flops = 2.0 * m * n * k
+        self.kernel = _gemm_kernel(self.a_map.numba_type.dtype, self.c_map.numba_type.dtype, cfg.bn, cfg.stages,
+                                   b_layout == "nk", cfg.warp_specialized, cfg.group_m, cfg.epilogue_cols, has_beta,
+                                   self.out.tma, self.out.has_tail)
+
+    @property
+    def grid(self):
+        """CTAs: one per SM (persistent), never more than there are tiles."""
+        if self._grid is None:
+            self._grid = persistent_grid(self.ntiles)
+        return self._grid
+
+    @property
+    def args(self):
+        """The kernel's arguments (valid offline, e.g. for ``numbatma.compile``)."""
+        m, n, k = self.shape
+        return (self.a_map, self.b_map, self.c_map, self.c_load, self.out.tail, self.out.aligned, m, n, k,
+                np.float32(self.alpha), np.float32(self.beta))
+
+    def launch(self, stream=0):
+        """Run the GEMM on ``stream`` (asynchronous, like any launch)."""
+        if self.kernel is None:
+            return
+        args = self.args
+        self.kernel[self.grid, self.threads, stream, self.config.smem_bytes](*args[:4], self.out.launch_tail,
+                                                                              *args[5:])
+
+    def __repr__(self):
+        m, n, k = self.shape
+        return f"Gemm({m}x{n}x{k}, {self.dtype.name} -> {self.out_dtype.name}, b_layout={self.b_layout!r}, {self.config})"
+
+
+def gemm(a, b, c, **options):
+    """``c[...] = alpha * a @ b + beta * c`` with :class:`Gemm` (options as there, plus ``stream``); returns c."""
+    stream = options.pop("stream", 0)
+    Gemm(a, b, c, **options).launch(stream)
+    return c
+
