@@ -44,6 +44,8 @@ from numba import cuda
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, require_int, require_literal_int, sim
 from .async_copy import cp_async_mbarrier_arrive_noinc
+from .cluster import mapa_barrier, mbarrier_arrive_cluster
+from .cluster_copy import tma_load_multicast
 from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
 from .tma import tma_load, tma_load_hinted
 
@@ -256,6 +258,19 @@ def load_hinted(pipe, tile, desc, coords, policy):
     tma_load_hinted(tile, desc, coords, bar, policy)
 
 
+def load_multicast(pipe, tile, desc, coords, mask):
+    """``load`` for a thread-block cluster: one TMA load of the box into ``tile`` of every CTA named in
+    ``mask`` (``tma_load_multicast``), completing on the same stage's full barrier in each of them. This CTA's
+    full barrier expects ``desc.box_bytes`` times the number of CTAs in ``mask``: the caller guarantees the
+    symmetric split of a shared operand - every CTA of ``mask`` issues one multicast of the same byte count
+    into this stage (each loads its share and receives the others'). The pipelines of those CTAs run in step:
+    their consumers release each stage to all of them (``consumer_release_remote``), and the barriers were
+    initialised cluster-wide (``cluster_sync()`` after creating the pipeline) before the first multicast."""
+    bar = _full(pipe, _get(pipe, PSTAGE))
+    mbarrier_expect_tx(bar, desc.box_bytes * cuda.popc(mask))
+    tma_load_multicast(tile, desc, coords, bar, mask)
+
+
 @cuda.jit(device=True)
 def _advance_producer(pipe):
     s = _get(pipe, PSTAGE) + 1
@@ -303,9 +318,20 @@ def consumer_release(pipe):
     _set(pipe, RSTAGE, s)
 
 
+def consumer_release_remote(pipe, rank):
+    """In a thread-block cluster whose producers multicast into each other's stages: arrive on the empty
+    barrier, in CTA ``rank`` of the cluster, of the stage that this thread's next ``consumer_release`` gives
+    back (``mapa`` + ``mbarrier.arrive.release.cluster.shared::cluster``), without moving on; then call
+    ``consumer_release`` for this CTA's own barrier. Count these arrivals in ``consumer_arrivals`` of every
+    CTA's pipeline (e.g. 8 local + 8 remote warps)."""
+    mbarrier_arrive_cluster(mapa_barrier(_empty(pipe, _get(pipe, RSTAGE)), rank))
+
+
 METHODS = {
     "producer_acquire": producer_acquire,
     "load": load,
+    "load_multicast": load_multicast,
+    "consumer_release_remote": consumer_release_remote,
     "load_hinted": load_hinted,
     "producer_commit": producer_commit,
     "producer_commit_async": producer_commit_async,

@@ -21,8 +21,9 @@ float32 data), ``e4m3`` / ``e5m2`` (K = 32; float8 data, mixed pairs allowed). A
 every kind, or float16 for ``f16`` and the float8 kinds (``wgmma_zeros_f16(N)``).
 
 **Matrix descriptors** come from ``wgmma_desc(tile, tmap, major, mn, k)``: ``tile`` is the shared tile that
-the TensorMap ``tmap`` fills (one box: shape ``tmap.shared_shape``; or several boxes stacked: a 3-D tile
-``(groups, rows, row_elements)``), ``major`` says which axis is contiguous in shared memory:
+the TensorMap ``tmap`` fills (one box: shape ``tmap.shared_shape``; boxes stacked along the rows, e.g. two
+halves of a B tile that two CTAs of a cluster load; or boxes side by side: a 3-D tile ``(groups, rows,
+row_elements)``), ``major`` says which axis is contiguous in shared memory:
 
 * ``"K"``: the tile's rows run along M (or N), its contiguous elements along K - A given as (M, K) row-major,
   B given as (N, K) (i.e. Bᵀ row-major). Several boxes stack along K.
@@ -216,8 +217,11 @@ def operand_layout(op, tile_shape, tile_itemsize, desc, major):
     if any(b != 1 for b in desc.shared_shape[:-2]):
         op(f"the TensorMap's box {desc.box} must be 2-D (leading extents 1)")
     shape = tuple(tile_shape)
-    if shape[-2:] != box or len(shape) not in (2, 3):
-        op(f"the tile {shape} must be one box {box} of the TensorMap or a stack of them (groups, {rows}, {width})")
+    if len(shape) == 2 and shape[1] == width and shape[0] % rows == 0:
+        rows = shape[0]  # boxes stacked along the rows: one uniformly strided operand
+    elif shape[-2:] != box or len(shape) not in (2, 3):
+        op(f"the tile {shape} must be one box {box} of the TensorMap, boxes stacked along the rows "
+           f"({rows} * i, {width}), or boxes side by side (groups, {rows}, {width})")
     if tile_itemsize != desc.itemsize:
         op("the tile's element size differs from the TensorMap's")
     groups = shape[0] if len(shape) == 3 else 1

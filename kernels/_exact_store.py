@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from numbatma import TensorMap, aligned_columns, array_layout, kernel_view
+from numbatma import TensorMap, aligned_columns, array_layout, kernel_view, layout_view
 
 __all__ = ["ExactStore", "tail_store_2d", "tail_store_nd"]
 
@@ -42,8 +42,7 @@ class ExactStore:
         if not self.has_tail:
             self.map = TensorMap(array, box, **tensormap_options)
         elif self.tma:
-            # (bfloat16 is viewed as uint16 here: a store moves bits)
-            self.map = TensorMap(kernel_view(layout.columns(0, self.aligned), array), box, **tensormap_options)
+            self.map = TensorMap(layout_view(layout.columns(0, self.aligned), array), box, **tensormap_options)
         else:  # never used to store (tma is False): typing only needs a descriptor of the right kind
             self.map = TensorMap(array, box, allow_store_overhang=True, **tensormap_options)
         if self.has_tail:

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from numbatma import L2Promotion, SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
+from numbatma import L2Promotion, SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, cluster_kernel
 from numbatma.intrinsics import (
     Pipeline,
+    cluster_ctarank,
+    cluster_sync,
     bulk_commit_group,
     bulk_wait_group,
     bulk_wait_group_read,
@@ -94,13 +96,15 @@ class GemmConfig:
     group_m: int
     epilogue_cols: int  # columns of C per epilogue chunk (128 bytes)
     smem_bytes: int
+    cluster_m: int = 1  # 2: pairs of CTAs on neighbouring row tiles share (multicast) the B tile
 
     @property
     def tile(self):
         return (BM, self.bn, BK)
 
 
-def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_specialized=True, group_m=8):
+def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_specialized=True, group_m=8,
+                   cluster_m=None):
     """The tile heuristic: ``bn = 256`` (the widest wgmma, the most work per byte loaded) unless N is small or
     the grid of 128 x 256 tiles would leave SMs idle (then 128); as many stages as shared memory holds (at most
     5) next to the epilogue's buffers."""
@@ -119,14 +123,20 @@ def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_speciali
         raise TensorMapError(
             f"Gemm: stages={stages} with a {BM}x{bn}x{BK} tile needs {stages * stage_bytes + epilogue_bytes} bytes "
             f"of shared memory; at most {fit} stages fit in the {SMEM_PER_BLOCK} bytes a block may use")
+    if cluster_m is None:  # (the CUDA simulator runs one CTA at a time: no clusters there)
+        cluster_m = 2 if warp_specialized and not SIMULATING and ceil_div(m, BM) >= 2 else 1
+    if cluster_m not in (1, 2) or (cluster_m == 2 and not warp_specialized):
+        raise TensorMapError(f"Gemm: cluster_m must be 1 or 2 (2 only with warp_specialized=True), got {cluster_m}")
     return GemmConfig(bn, stages, bool(warp_specialized), int(group_m), epilogue_cols,
-                      stages * stage_bytes + epilogue_bytes)
+                      stages * stage_bytes + epilogue_bytes, int(cluster_m))
 
 
 @functools.lru_cache(maxsize=None)
 def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_m, epilogue_cols, has_beta,
-                 tma_part, has_tail):
-    """The kernel for one configuration (every argument a compile-time constant of the closure)."""
+                 tma_part, has_tail, cluster_m=1):
+    """The kernel for one configuration (every argument a compile-time constant of the closure).
+    ``cluster_m == 2``: clusters of two CTAs on neighbouring row tiles of the same column tile; each loads
+    half of the B tile and multicasts it to both."""
     a_elems = BM * BK
     stage_elems = (BM + bn) * BK
     b_groups = bn // 64
@@ -142,7 +152,20 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         m0, tn = _tile_origin_dev(t, tiles_m, tiles_n, group_m)
         return m0, tn * bn
 
-    if b_nk:  # B given as (N, K): one K-major box per stage
+    half = bn // 2
+    if b_nk and cluster_m == 2:  # each CTA of the pair loads half of the (N, K) box and multicasts it
+        @cuda.jit(device=True, inline="always")
+        def load_b(pipe, smem, b_map, base, n0, kt):
+            r = cluster_ctarank()
+            pipe.load_multicast(shared_view(smem, base + a_elems + r * half * BK, (half, BK)), b_map,
+                                (n0 + r * half, kt * BK), 3)
+    elif cluster_m == 2:  # (K, N): each CTA loads every other 64-column box and multicasts it
+        @cuda.jit(device=True, inline="always")
+        def load_b(pipe, smem, b_map, base, n0, kt):
+            for g in range(cluster_ctarank(), b_groups, 2):
+                pipe.load_multicast(shared_view(smem, base + a_elems + g * BK * 64, (BK, 64)), b_map,
+                                    (kt * BK, n0 + 64 * g), 3)
+    elif b_nk:  # B given as (N, K): one K-major box per stage
         @cuda.jit(device=True, inline="always")
         def load_b(pipe, smem, b_map, base, n0, kt):
             pipe.load(shared_view(smem, base + a_elems, (bn, BK)), b_map, (n0, kt * BK))
@@ -156,9 +179,44 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
             for g in range(b_groups):
                 pipe.load(shared_view(smem, base + a_elems + g * BK * 64, (BK, 64)), b_map, (kt * BK, n0 + 64 * g))
 
+    if b_nk:
+        @cuda.jit(device=True, inline="always")
+        def b_operand(smem, b_map, base, kk):
+            return wgmma_desc(shared_view(smem, base + a_elems, (bn, BK)), b_map, "K", 0, 16 * kk)
+    else:
         @cuda.jit(device=True, inline="always")
         def b_operand(smem, b_map, base, kk):
             return wgmma_desc(shared_view(smem, base + a_elems, (b_groups, BK, 64)), b_map, "MN", 0, 16 * kk)
+
+    if cluster_m == 2:
+        @cuda.jit(device=True, inline="always")
+        def release(pipe):
+            """Give the oldest stage back to the producers of both CTAs (they multicast into it)."""
+            pipe.consumer_release_remote(cluster_ctarank() ^ 1)
+            pipe.consumer_release()
+
+        @cuda.jit(device=True, inline="always")
+        def work(t, tiles_m, tiles_n):
+            """Unit t of the cluster: a pair of row tiles (this CTA takes the one of its rank)."""
+            m0, tn = _tile_origin_dev(t, (tiles_m + 1) // 2, tiles_n, group_m)
+            return 2 * m0 + cluster_ctarank() * BM, tn * bn
+
+        @cuda.jit(device=True, inline="always")
+        def units(tiles_m, tiles_n):
+            return (tiles_m + 1) // 2 * tiles_n, cuda.blockIdx.x // 2, cuda.gridDim.x // 2
+    else:
+        @cuda.jit(device=True, inline="always")
+        def release(pipe):
+            pipe.consumer_release()
+
+        @cuda.jit(device=True, inline="always")
+        def work(t, tiles_m, tiles_n):
+            m0, tn = _tile_origin_dev(t, tiles_m, tiles_n, group_m)
+            return m0, tn * bn
+
+        @cuda.jit(device=True, inline="always")
+        def units(tiles_m, tiles_n):
+            return tiles_m * tiles_n, cuda.blockIdx.x, cuda.gridDim.x
 
     @cuda.jit(device=True, inline="always")
     def load_stage(pipe, smem, a_map, b_map, m0, n0, kt):
@@ -218,8 +276,11 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         return cphase, done
 
     if warp_specialized:
+        jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
+        if cluster_m == 2:
+            jit = _compose(cluster_kernel((2, 1, 1)), jit)
 
-        @cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
+        @jit
         def gemm_kernel(a_map, b_map, c_map, c_load, c_tail, aligned, m, n, k, alpha, beta):
             smem = cuda.shared.array(0, nb_dtype, alignment=1024)
             cdyn = cuda.shared.array(0, out_dtype, alignment=1024)  # (the same dynamic buffer, as C elements)
@@ -228,17 +289,21 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                 mbarrier_init(mbarrier_ref(cbar, 0), 1)
                 mbarrier_init(mbarrier_ref(cbar, 1), 1)
                 fence_mbarrier_init()
-            pipe = Pipeline(stages, 1, 8)  # full: producer + TMA bytes; empty: one arrival per consumer warp
+            # full: producer + TMA bytes; empty: one arrival per consumer warp (of both CTAs of a cluster)
+            pipe = Pipeline(stages, 1, 8 * cluster_m)
+            if cluster_m > 1:
+                cluster_sync()  # every CTA's barriers are initialised before any multicast or remote arrive
             tiles_m = (m + BM - 1) // BM
             tiles_n = (n + bn - 1) // bn
             ktiles = (k + BK - 1) // BK
+            total, first, step = units(tiles_m, tiles_n)
             wg = cuda.threadIdx.x // WARPGROUP
             if wg == 0:
                 setmaxnreg_dec(PRODUCER_REGISTERS)
                 if cuda.threadIdx.x < 32:
                     if elect_one_sync():
-                        for t in range(cuda.blockIdx.x, tiles_m * tiles_n, cuda.gridDim.x):
-                            m0, n0 = tile_origin(t, tiles_m, tiles_n)
+                        for t in range(first, total, step):
+                            m0, n0 = work(t, tiles_m, tiles_n)
                             for kt in range(ktiles):
                                 load_stage(pipe, smem, a_map, b_map, m0, n0, kt)
             else:
@@ -247,8 +312,8 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                 tw = cuda.threadIdx.x - wg * WARPGROUP
                 lane = cuda.threadIdx.x % 32
                 state = (0, 0)
-                for t in range(cuda.blockIdx.x, tiles_m * tiles_n, cuda.gridDim.x):
-                    m0, n0 = tile_origin(t, tiles_m, tiles_n)
+                for t in range(first, total, step):
+                    m0, n0 = work(t, tiles_m, tiles_n)
                     acc = wgmma_fence(wgmma_zeros(bn))
                     for kt in range(ktiles):
                         s = pipe.consumer_wait()
@@ -256,14 +321,16 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                         if kt > 0:
                             acc = wgmma_wait_group(1, acc)  # the previous k-step's wgmma are done
                             if lane == 0:
-                                pipe.consumer_release()
+                                release(pipe)
                     acc = wgmma_wait_group(0, acc)
                     if lane == 0:
-                        pipe.consumer_release()
+                        release(pipe)
                     state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta,
                                      state)
                 if tw == 0:
                     bulk_wait_group(0)
+            if cluster_m > 1:
+                cluster_sync()  # no CTA leaves while its partner may still multicast into it or arrive on it
 
         return gemm_kernel
 
@@ -331,6 +398,10 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
     return gemm_kernel_plain
 
 
+def _compose(outer, inner):
+    return lambda fn: outer(inner(fn))
+
+
 @cuda.jit(device=True, inline="always")
 def _tile_origin_dev(t, tiles_m, tiles_n, group_m):
     """(first row, tile column) of output tile ``t`` in the grouped order: tiles run down ``group_m`` tile rows,
@@ -355,7 +426,7 @@ class Gemm:
     """
 
     def __init__(self, a, b, c, *, alpha=1.0, beta=0.0, b_layout="kn", bn=None, stages=None,
-                 warp_specialized=True, group_m=8, grid=None):
+                 warp_specialized=True, group_m=8, cluster_m=None, grid=None):
         op = "Gemm"
         la, lb, lc = array_layout(a), array_layout(b), array_layout(c)
         for what, lay in (("a", la), ("b", lb), ("c", lc)):
@@ -384,12 +455,12 @@ class Gemm:
         if k == 0:
             raise TensorMapError(f"{op}: K is 0 (a is {la.shape}); nothing to multiply.")
         self.config = default_config(m, n, k, lc.dtype.itemsize, bn=bn, stages=stages,
-                                     warp_specialized=warp_specialized, group_m=group_m)
+                                     warp_specialized=warp_specialized, group_m=group_m, cluster_m=cluster_m)
         cfg = self.config
         promo = L2Promotion.B256
         self.a_map = TensorMap(a, (BM, BK), swizzle=Swizzle.B128, l2_promotion=promo)
-        if b_layout == "nk":
-            self.b_map = TensorMap(b, (cfg.bn, BK), swizzle=Swizzle.B128, l2_promotion=promo)
+        if b_layout == "nk":  # (with a cluster pair, each CTA loads half of the B tile)
+            self.b_map = TensorMap(b, (cfg.bn // cfg.cluster_m, BK), swizzle=Swizzle.B128, l2_promotion=promo)
         else:
             self.b_map = TensorMap(b, (BK, 64), swizzle=Swizzle.B128, l2_promotion=promo)
         c_box = (64, cfg.epilogue_cols)
@@ -399,18 +470,22 @@ class Gemm:
         self.c_load = TensorMap(c, c_box, swizzle=Swizzle.B128) if has_beta else self.c_map
         self.tiles = (ceil_div(m, BM), ceil_div(n, cfg.bn))
         self.ntiles = self.tiles[0] * self.tiles[1]
-        self._grid = None if grid is None else max(1, min(int(grid), self.ntiles))
+        self.units = ceil_div(self.tiles[0], cfg.cluster_m) * self.tiles[1]  # work items of a CTA (pair)
+        if grid is not None:
+            grid = max(1, min(int(grid) // cfg.cluster_m, self.units)) * cfg.cluster_m
+        self._grid = grid
         self.threads = 3 * WARPGROUP if cfg.warp_specialized else 2 * WARPGROUP
         self.flops = 2.0 * m * n * k
         self.kernel = _gemm_kernel(self.a_map.numba_type.dtype, self.c_map.numba_type.dtype, cfg.bn, cfg.stages,
                                    b_layout == "nk", cfg.warp_specialized, cfg.group_m, cfg.epilogue_cols, has_beta,
-                                   self.out.tma, self.out.has_tail)
+                                   self.out.tma, self.out.has_tail, cfg.cluster_m)
 
     @property
     def grid(self):
-        """CTAs: one per SM (persistent), never more than there are tiles."""
+        """CTAs: one per SM (persistent; a whole number of clusters), never more than there is work."""
         if self._grid is None:
-            self._grid = persistent_grid(self.ntiles)
+            cm = self.config.cluster_m
+            self._grid = cm * min(self.units, max(1, persistent_grid(self.units * cm) // cm))
         return self._grid
 
     @property

@@ -18,6 +18,7 @@ from .tensormap import (
     aligned_columns,
     array_layout,
     kernel_view,
+    layout_view,
 )
 
 __version__ = "0.1.0"
@@ -59,6 +60,7 @@ __all__ = [
     "aligned_columns",
     "array_layout",
     "kernel_view",
+    "layout_view",
     "Im2colTensorMap",
     "cluster_kernel",
     "cluster_launch_bounds",

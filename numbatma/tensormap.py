@@ -28,6 +28,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "aligned_columns",
     "kernel_view",
+    "layout_view",
     "DeviceView",
 ]
 
@@ -190,6 +191,26 @@ def _bits_dtype(dtype):
     return np.dtype("<u2") if dtype.name == "bfloat16" or dtype.kind == "V" else dtype
 
 
+def layout_view(layout, owner):
+    """A view of the memory ``layout`` describes inside ``owner`` that a :class:`TensorMap` accepts and that
+    keeps ``layout``'s dtype (bfloat16 included): a :class:`DeviceView`, or under the CUDA simulator a NumPy
+    view of the same memory."""
+    if not _SIMULATING:
+        return DeviceView(layout, owner)
+    return _host_view(layout, owner, layout.dtype)
+
+
+def _host_view(layout, owner, dtype):
+    host = _simulator_memory(owner)
+    if host is None:
+        raise TensorMapError(f"cannot reach the memory of a {type(owner).__name__} in the simulator")
+    base = host
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    offset = layout.ptr - int(base.__array_interface__["data"][0])
+    return np.ndarray(layout.shape, dtype, buffer=base, offset=offset, strides=layout.strides)
+
+
 def kernel_view(layout, owner):
     """A ``@cuda.jit`` kernel argument viewing the memory ``layout`` describes (an :class:`ArrayLayout`, e.g.
     ``array_layout(x).columns(a, b)``) inside the array ``owner``: a :class:`DeviceView` (no copy, no
@@ -197,14 +218,7 @@ def kernel_view(layout, owner):
     over the same memory. bfloat16 is viewed as uint16 (the same bits; kernels move or convert them)."""
     if not _SIMULATING:
         return DeviceView(layout, owner)
-    host = _simulator_memory(owner)
-    if host is None:
-        raise TensorMapError(f"kernel_view: cannot reach the memory of a {type(owner).__name__} in the simulator")
-    base = host
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    offset = layout.ptr - int(base.__array_interface__["data"][0])
-    view = np.ndarray(layout.shape, _bits_dtype(layout.dtype), buffer=base, offset=offset, strides=layout.strides)
+    view = _host_view(layout, owner, _bits_dtype(layout.dtype))
     from ._numba_internals import simulated_device_array
 
     return simulated_device_array(view)
@@ -235,6 +249,8 @@ def array_layout(array) -> ArrayLayout:
     """
     if isinstance(array, ArrayLayout):
         return array
+    if isinstance(array, DeviceView):
+        return array.layout  # (its own dtype: a bfloat16 view stays bfloat16)
     if _SIMULATING:
         host = _simulator_memory(array)
         if host is not None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, for the device machine (H100/H200):
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
-#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, probes, sweep)
+#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, gemm, probes, sweep)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 # Needs the wheels from ../shared/gpu/fetch-wheels in .whl/ (numpy < 2.5 for numba-cuda 0.30.4).
 # Logs go to $OUT (or ./gpu-logs) so they come back from the device machine.
@@ -18,7 +18,7 @@ cd /tmp  # import the installed copy, not the checkout
 repo=$OLDPWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import numba_cuda, numpy, cuda.core; print('numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$out/gpu.txt"
-parts=" ${PARTS:-tests examples bench probes} "
+parts=" ${PARTS:-tests examples bench gemm probes} "
 status=0
 if [[ $parts == *" tests "* ]]; then
   paths=""; for t in ${TESTS:-tests}; do paths+=" $repo/$t"; done
@@ -38,6 +38,9 @@ if [[ $parts == *" bench "* ]]; then
     args=""; [[ $b == bandwidth ]] && args=${BENCH_ARGS:-}
     timeout 400 python3 "$repo/benchmarks/$b.py" $args 2>&1 | tee -a "$out/benchmarks.log" || status=1
   done
+fi
+if [[ $parts == *" gemm "* ]]; then  # tensor-core GEMM against cuBLAS and Triton (benchmarks/gemm.py)
+  timeout ${GEMM_TIMEOUT:-500} python3 "$repo/benchmarks/gemm.py" ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.log" || status=1
 fi
 if [[ $parts == *" sweep "* ]]; then  # option sweeps used to pick the kernels' defaults (not in the default parts)
   timeout 500 python3 "$repo/benchmarks/sweep_options.py" ${SWEEP_ARGS:-} 2>&1 | grep -v Warn | tee "$out/sweep.log"

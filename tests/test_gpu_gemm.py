@@ -1,0 +1,156 @@
+"""GPU tests (marker ``gpu``): numbatma.kernels.Gemm against a float64 reference on fresh random data, NaN-poisoned
+outputs, awkward shapes (1 x 1 x 16, primes, 4097 x 4095 x 1000, padded views), both B layouts, every input /
+output dtype pair, alpha/beta, the plain (not warp-specialized) kernel, numba / CuPy / torch arrays, a stream.
+
+Tolerance (elementwise): the output's rounding (half an ulp of C's type times |ref|) plus the float32
+accumulation bound K * 2^-23 * (|A| @ |B|), which scales with K."""
+import math
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+from numbatma import TensorMapError  # noqa: E402
+from numbatma.kernels import Gemm, gemm  # noqa: E402
+
+TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+OUT_EPS = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}
+
+
+def matrix(rows, cols, dtype, pad_to=8, fill=None):
+    """A (rows, cols) CUDA tensor whose rows start 16-byte aligned: a view of a padded allocation when cols is not
+    a multiple of 8 elements."""
+    width = -(-cols // pad_to) * pad_to if cols % pad_to else cols
+    if fill is None:
+        base = torch.randn((rows, width), device="cuda", dtype=torch.float32).to(TORCH[dtype])
+    else:
+        base = torch.full((rows, width), fill, device="cuda", dtype=TORCH[dtype])
+    return base[:, :cols]
+
+
+def check(c, a, b_kn, alpha=1.0, beta=0.0, c0=None, out="bfloat16"):
+    a64, b64 = a.double().cpu(), b_kn.double().cpu()
+    ref = alpha * (a64 @ b64)
+    if beta:
+        ref += beta * c0.double().cpu()
+    got = c.double().cpu()
+    assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} outputs never written"
+    k = a.shape[1]
+    bound = OUT_EPS[out] * ref.abs() + abs(alpha) * k * 2.0 ** -23 * (a64.abs() @ b64.abs()) + 1e-30
+    if beta:
+        bound += OUT_EPS[out] * abs(beta) * c0.double().cpu().abs()
+    bad = (got - ref).abs() > bound
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outside tolerance; worst at " \
+                          f"{tuple(int(i) for i in torch.nonzero(bad)[0])}"
+
+
+def run(m, n, k, layout="nk", dtype="bfloat16", out="bfloat16", alpha=1.0, beta=0.0, **options):
+    a = matrix(m, k, dtype)
+    if layout == "kn":
+        b = matrix(k, n, dtype)
+        b_kn = b
+    else:
+        b = matrix(n, k, dtype)
+        b_kn = b.t()
+    if beta:
+        c = matrix(m, n, out)
+        c0 = c.clone()
+    else:
+        c = matrix(m, n, out, fill=float("nan"))
+        c0 = None
+    plan = Gemm(a, b, c, alpha=alpha, beta=beta, b_layout=layout, **options)
+    plan.launch()
+    torch.cuda.synchronize()
+    check(c, a, b_kn, alpha, beta, c0, out)
+    return plan
+
+
+SHAPES = [(1, 1, 16), (1, 8, 16), (7, 13, 24), (127, 131, 72), (128, 256, 64), (257, 129, 520), (300, 520, 264),
+          (1024, 1024, 1024), (4097, 4095, 1000), (2048, 8192, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_shapes(shape, layout):
+    run(*shape, layout)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("out", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_dtypes(dtype, out, layout):
+    run(300, 520, 264, layout, dtype, out)
+
+
+@pytest.mark.parametrize("alpha, beta", [(0.5, 0.0), (1.0, 1.0), (-2.0, 0.25)])
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+def test_alpha_beta(alpha, beta, out):
+    run(257, 300, 136, "nk", "bfloat16", out, alpha, beta)
+
+
+@pytest.mark.parametrize("options", [dict(bn=128), dict(bn=64, stages=2), dict(bn=192), dict(stages=1),
+                                     dict(warp_specialized=False), dict(warp_specialized=False, stages=1),
+                                     dict(group_m=1), dict(grid=3)], ids=str)
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_options(options, layout):
+    run(700, 1000, 520, layout, **options)
+
+
+def test_plan_relaunch_and_stream():
+    a, b = matrix(512, 256, "bfloat16"), matrix(384, 256, "bfloat16")
+    c = matrix(512, 384, "bfloat16", fill=float("nan"))
+    plan = Gemm(a, b, c, b_layout="nk")
+    stream = torch.cuda.Stream()
+    from numba import cuda
+
+    plan.launch(cuda.external_stream(stream.cuda_stream))
+    stream.synchronize()
+    check(c, a, b.t())
+    a.copy_(torch.randn_like(a))
+    c.fill_(float("nan"))
+    plan.launch()
+    torch.cuda.synchronize()
+    check(c, a, b.t())
+
+
+def test_numba_and_cupy_arrays():
+    from numba import cuda
+
+    rng = np.random.default_rng()
+    a = rng.standard_normal((200, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 136)).astype(np.float16)
+    c = cuda.to_device(np.full((200, 136), np.nan, np.float32))
+    gemm(cuda.to_device(a), cuda.to_device(b), c)
+    got = c.copy_to_host()
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+    cp = pytest.importorskip("cupy")
+    cc = cp.full((200, 136), cp.nan, cp.float16)
+    gemm(cp.asarray(a), cp.asarray(b), cc)
+    np.testing.assert_allclose(cc.get().astype(np.float64), ref, rtol=2e-3, atol=2e-2)
+
+
+def test_output_view_inside_a_sentinel_parent():
+    """C is a (300, 517) view in the middle of a larger bfloat16 array: nothing outside it changes."""
+    parent = torch.full((302, 536), 7.0, device="cuda", dtype=torch.bfloat16)
+    c = parent[1:301, 8:525]
+    c.fill_(float("nan"))
+    a, b = matrix(300, 136, "bfloat16"), matrix(517, 136, "bfloat16")
+    before = parent.clone()
+    Gemm(a, b, c, b_layout="nk").launch()
+    torch.cuda.synchronize()
+    check(c, a, b.t())
+    mask = torch.ones_like(parent, dtype=torch.bool)
+    mask[1:301, 8:525] = False
+    assert torch.equal(parent[mask], before[mask])
+
+
+def test_bad_arguments():
+    a, b = matrix(64, 64, "bfloat16"), matrix(64, 64, "float16")
+    with pytest.raises(TensorMapError, match="both must be bfloat16 or both float16"):
+        Gemm(a, b, matrix(64, 64, "bfloat16"))
+    with pytest.raises(TensorMapError, match="shapes do not multiply"):
+        Gemm(a, matrix(32, 64, "bfloat16"), matrix(64, 64, "bfloat16"))
+    assert math.isfinite(run(64, 64, 64).flops)
