@@ -778,6 +778,39 @@ def warp_exchange(mask, value):
     return entry["result"][1]
 
 
+def group_exchange(name, size, value):
+    """A ``.sync.aligned`` operation of a group of ``size`` consecutive threads (e.g. the 128 threads of a
+    warpgroup for ``wgmma``): every thread of the calling thread's group contributes ``value``; returns the
+    ``size`` contributions (in thread order) once all of them have arrived. ``name`` names the operation in
+    hang reports."""
+    state = block_state()
+    me = thread_index()
+    group, rank = me // size, me % size
+    key = ("group", size, group)
+    site = caller_site()
+    with _lock:
+        entry = state.warps.setdefault(key, {"generation": 0, "values": [None] * size, "arrived": 0, "result": None})
+        generation = entry["generation"]
+        entry["values"][rank] = value
+        entry["arrived"] += 1
+        if entry["arrived"] == size:
+            entry["result"] = (generation, list(entry["values"]))
+            entry["values"] = [None] * size
+            entry["arrived"] = 0
+            entry["generation"] += 1
+            _notify(key)
+
+    def ready():
+        return entry["generation"] != generation
+
+    def describe():
+        return (f"{name} at {site[0]}:{site[1]}, which all {size} threads {group * size}..{group * size + size - 1} "
+                f"execute together (.sync.aligned); {entry['arrived']} arrived")
+
+    wait_until(ready, describe, key)
+    return entry["result"][1]
+
+
 def shfl(mask, value, src_lane):
     values = warp_exchange(mask, value)
     v = values[int(src_lane) % 32]

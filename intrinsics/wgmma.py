@@ -887,8 +887,13 @@ def _sim_scale(acc, alpha):
 
 
 def _sim_fence(acc):
+    sim().group_exchange("wgmma_fence", 128, None)
+    return _fenced(acc)
+
+
+def _fenced(acc):
     if isinstance(acc, tuple):
-        return tuple(_sim_fence(a) for a in acc)
+        return tuple(_fenced(a) for a in acc)
     return acc.copy(fenced=True)
 
 
@@ -956,6 +961,7 @@ def _sim_mma(acc, a, b, scale_d):
     s = sim()
     me, t = _sim_me()
     site = s.caller_site()
+    s.group_exchange("wgmma", 128, None)  # .sync.aligned: the warpgroup issues it together
     if not isinstance(acc, SimAccumulator):
         raise s.SimulatedMisuse(f"wgmma: the accumulator must come from wgmma_zeros (got {type(acc).__name__})")
     if not isinstance(b, SimOperand):
@@ -993,15 +999,21 @@ def _sim_mma(acc, a, b, scale_d):
 
 
 def _sim_commit():
+    sim().group_exchange("wgmma_commit_group", 128, None)
     me, _ = _sim_me()
     me._numbatma_wgmma_commits = me.__dict__.get("_numbatma_wgmma_commits", 0) + 1
 
 
 def _sim_wait(n, acc):
+    sim().group_exchange("wgmma_wait_group", 128, None)  # (the warpgroup's reads of the group are done)
     me, _ = _sim_me()
     done = me.__dict__.get("_numbatma_wgmma_commits", 0) - int(n)  # groups 0 .. done-1 are complete
+    return _completed(acc, done)
+
+
+def _completed(acc, done):
     if isinstance(acc, tuple):
-        return tuple(_sim_wait(n, a) for a in acc)
+        return tuple(_completed(a, done) for a in acc)
     if acc.group is not None and acc.group < done:
         return acc.copy(group=None)
     return acc
