@@ -98,10 +98,10 @@ __all__ = [
 
 
 # Modules that list their public names in __all__ (one PTX family each).
-from . import bulk, cluster, cluster_copy, descriptor, im2col  # noqa: E402
+from . import bulk, cluster, cluster_copy, descriptor, im2col, swizzle  # noqa: E402
 from . import wgmma as _wgmma_family  # noqa: E402  (the name wgmma is the intrinsic)
 
-_LISTED_FAMILIES = (bulk, cluster, cluster_copy, descriptor, im2col, _wgmma_family)
+_LISTED_FAMILIES = (bulk, cluster, cluster_copy, descriptor, im2col, swizzle, _wgmma_family)
 for _module in _LISTED_FAMILIES:
     for _name in _module.__all__:
         globals()[_name] = getattr(_module, _name)

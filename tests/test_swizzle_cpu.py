@@ -226,7 +226,8 @@ def test_tile_in_global_memory_is_refused():
     def kern(desc, out):
         swizzled(out, desc)[0, 0] = 1.0
 
-    with pytest.raises(TypingError, match=r"swizzled: the tile must be a shared-memory array \(from cuda.shared.array\);"
+    with pytest.raises(TypingError, match=r"swizzled: the tile must be a shared-memory array "
+                                          r"\(from cuda.shared.array\);"
                                           r" got .*not known to live in shared memory"):
         _compile(kern, D64, types.float32[:, :])
 
@@ -245,8 +246,8 @@ def test_tile_of_the_box_bytes_is_refused_with_the_expected_shape():
         t = cuda.shared.array((16, 8), np.float32)
         out[0] = swizzled(t, desc)[0, 0]
 
-    with pytest.raises(TypingError, match=r"swizzled: the shared tile has shape \(16, 8\) but one box of the descriptor "
-                                          r"occupies shape \(16, 16\); expected a tile of shape \(16, 16\) "
+    with pytest.raises(TypingError, match=r"swizzled: the shared tile has shape \(16, 8\) but one box of the "
+                                          r"descriptor occupies shape \(16, 16\); expected a tile of shape \(16, 16\) "
                                           r"\(desc.shared_shape; box \(16, 8\) of float32: its 32-byte rows are "
                                           r"narrower than the 64-byte swizzle span, so each takes a whole span\), "
                                           r"e.g. cuda.shared.array\(desc.shared_shape, ..., alignment=512\)"):
@@ -321,7 +322,8 @@ def test_storing_an_unconvertible_value_is_refused():
         t = cuda.shared.array(SHAPE64, np.float32, alignment=1024)
         swizzled(t, desc)[0, 0] = (1.0, 2.0)
 
-    with pytest.raises(TypingError, match=r"swizzled view: cannot store a UniTuple\(float64 x 2\) into a tile of float32"):
+    with pytest.raises(TypingError, match=r"swizzled view: cannot store a UniTuple\(float64 x 2\) into a tile "
+                                          r"of float32"):
         _compile(kern, D64, types.float32[:])
 
 
