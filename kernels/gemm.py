@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from numbatma import L2Promotion, SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, cluster_kernel
+from numbatma import (L2Promotion, SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, cluster_kernel,
+                      max_active_clusters)
 from numbatma.intrinsics import (
     Pipeline,
     cluster_ctarank,
@@ -104,7 +105,7 @@ class GemmConfig:
 
 
 def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_specialized=True, group_m=8,
-                   cluster_m=None):
+                   cluster_m=None, b_nk=True):
     """The tile heuristic: ``bn = 256`` (the widest wgmma, the most work per byte loaded) unless N is small or
     the grid of 128 x 256 tiles would leave SMs idle (then 128); as many stages as shared memory holds (at most
     5) next to the epilogue's buffers."""
@@ -123,10 +124,16 @@ def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_speciali
         raise TensorMapError(
             f"Gemm: stages={stages} with a {BM}x{bn}x{BK} tile needs {stages * stage_bytes + epilogue_bytes} bytes "
             f"of shared memory; at most {fit} stages fit in the {SMEM_PER_BLOCK} bytes a block may use")
-    if cluster_m is None:  # (the CUDA simulator runs one CTA at a time: no clusters there)
-        cluster_m = 2 if warp_specialized and not SIMULATING and ceil_div(m, BM) >= 2 else 1
+    # Two CTAs split the B tile evenly (each multicasts its share to both; every CTA's stage barrier expects
+    # twice its own share): (N, K) boxes split in row halves, (K, N) tiles are bn / 64 boxes, split two ways.
+    symmetric = b_nk or (bn // 64) % 2 == 0
+    if cluster_m is None:  # measured on an H100 (benchmarks/RESULTS.md): multicast does not pay yet
+        cluster_m = 1
     if cluster_m not in (1, 2) or (cluster_m == 2 and not warp_specialized):
         raise TensorMapError(f"Gemm: cluster_m must be 1 or 2 (2 only with warp_specialized=True), got {cluster_m}")
+    if cluster_m == 2 and not symmetric:
+        raise TensorMapError(f"Gemm: cluster_m=2 with B given as (K, N) needs bn = 128 or 256 (an even number of "
+                             f"64-column boxes for the two CTAs to share), got bn={bn}")
     return GemmConfig(bn, stages, bool(warp_specialized), int(group_m), epilogue_cols,
                       stages * stage_bytes + epilogue_bytes, int(cluster_m))
 
@@ -318,13 +325,19 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                     for kt in range(ktiles):
                         s = pipe.consumer_wait()
                         acc = mma_stage(acc, smem, a_map, b_map, s, cw)
-                        if kt > 0:
-                            acc = wgmma_wait_group(1, acc)  # the previous k-step's wgmma are done
+                        if lag_waits:  # keep this k-step's group in flight; release the previous one's stage
+                            if kt > 0:
+                                acc = wgmma_wait_group(1, acc)
+                                if lane == 0:
+                                    release(pipe)
+                        else:  # one stage: the producer refills it only after this group is done
+                            acc = wgmma_wait_group(0, acc)
                             if lane == 0:
                                 release(pipe)
-                    acc = wgmma_wait_group(0, acc)
-                    if lane == 0:
-                        release(pipe)
+                    if lag_waits:
+                        acc = wgmma_wait_group(0, acc)
+                        if lane == 0:
+                            release(pipe)
                     state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta,
                                      state)
                 if tw == 0:
@@ -455,7 +468,8 @@ class Gemm:
         if k == 0:
             raise TensorMapError(f"{op}: K is 0 (a is {la.shape}); nothing to multiply.")
         self.config = default_config(m, n, k, lc.dtype.itemsize, bn=bn, stages=stages,
-                                     warp_specialized=warp_specialized, group_m=group_m, cluster_m=cluster_m)
+                                     warp_specialized=warp_specialized, group_m=group_m, cluster_m=cluster_m,
+                                     b_nk=b_layout == "nk")
         cfg = self.config
         promo = L2Promotion.B256
         self.a_map = TensorMap(a, (BM, BK), swizzle=Swizzle.B128, l2_promotion=promo)
@@ -482,10 +496,18 @@ class Gemm:
 
     @property
     def grid(self):
-        """CTAs: one per SM (persistent; a whole number of clusters), never more than there is work."""
+        """CTAs: one per SM (persistent), never more than there is work; with clusters, as many clusters as
+        the GPU holds at once (``numbatma.max_active_clusters``: a cluster's CTAs share a GPC, so a grid of one
+        CTA per SM would leave some clusters waiting for a second wave)."""
         if self._grid is None:
             cm = self.config.cluster_m
-            self._grid = cm * min(self.units, max(1, persistent_grid(self.units * cm) // cm))
+            if cm == 1:
+                self._grid = persistent_grid(self.units)
+            else:
+                args = self.args
+                fits = max_active_clusters(self.kernel, (*args[:4], self.out.launch_tail, *args[5:]), self.threads,
+                                           self.config.smem_bytes, (cm, 1, 1))
+                self._grid = cm * max(1, min(self.units, fits))
         return self._grid
 
     @property

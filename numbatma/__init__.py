@@ -44,7 +44,7 @@ else:
     def _typeof_tensormap_array(val, c):
         return val.numba_type
 
-from .cluster import cluster_kernel, cluster_launch_bounds, with_cluster  # noqa: E402
+from .cluster import cluster_kernel, cluster_launch_bounds, max_active_clusters, with_cluster  # noqa: E402
 from .im2col import Im2colTensorMap  # noqa: E402
 
 
@@ -64,5 +64,6 @@ __all__ = [
     "Im2colTensorMap",
     "cluster_kernel",
     "cluster_launch_bounds",
+    "max_active_clusters",
     "with_cluster",
 ]

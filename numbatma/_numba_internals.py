@@ -164,6 +164,39 @@ def _ensure_dynamic_smem(kernel, nbytes):
     kernel._numbatma_dynamic_smem = nbytes
 
 
+def compiled_kernel(dispatcher, args):
+    """The compiled kernel (numba-cuda's ``_Kernel``) that launching ``dispatcher`` with ``args`` runs (compiling
+    it now if needed)."""
+    return dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
+
+
+def max_active_clusters(dispatcher, args, block, shared_mem, dims):
+    """How many clusters of shape ``dims`` of this kernel can be resident on the current GPU at once
+    (``cuOccupancyMaxActiveClusters``), with ``block`` threads and ``shared_mem`` bytes of dynamic shared
+    memory per CTA. The kernel's dynamic shared-memory limit is raised first, as a launch would."""
+    from cuda.bindings import driver
+
+    kernel = compiled_kernel(dispatcher, args)
+    _ensure_dynamic_smem(kernel, shared_mem)
+    cufunc = kernel._codelibrary.get_cufunc()
+    err, function = driver.cuKernelGetFunction(cufunc.handle)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuKernelGetFunction failed: {err.name}")
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = int(dims[0]), int(dims[1]), int(dims[2])
+    config.blockDimX, config.blockDimY, config.blockDimZ = int(block), 1, 1
+    config.sharedMemBytes = int(shared_mem)
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = map(int, dims)
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    err, count = driver.cuOccupancyMaxActiveClusters(function, config)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed: {err.name}")
+    return int(count)
+
+
 # -- hook 6: device functions compile without a driver ------------------------------------------------
 @contextlib.contextmanager
 def offline_target(cc):

@@ -26,7 +26,7 @@ from numbatma import SIMULATING
 
 MAX_CLUSTER_SIZE = 8  # the portable maximum (16 needs cudaFuncAttributeNonPortableClusterSizeAllowed)
 
-__all__ = ["MAX_CLUSTER_SIZE", "cluster_kernel", "cluster_launch_bounds", "with_cluster"]
+__all__ = ["MAX_CLUSTER_SIZE", "cluster_kernel", "cluster_launch_bounds", "max_active_clusters", "with_cluster"]
 
 
 def cluster_shape(dims):
@@ -137,6 +137,18 @@ def cluster_kernel(dims):
         return kernel
 
     return wrap
+
+
+def max_active_clusters(kernel, args, block, shared_mem, dims):
+    """How many clusters of shape ``dims`` of ``kernel`` (a ``cuda.jit`` kernel, compiled now for ``args`` if
+    needed) fit on the current GPU at once, with ``block`` threads and ``shared_mem`` bytes of dynamic shared
+    memory per CTA (``cuOccupancyMaxActiveClusters``). A persistent kernel launched in clusters should size its
+    grid with this, not with the SM count: a cluster's CTAs must share one GPC, so SMs left over in a GPC stay
+    idle, and clusters beyond this number wait for a second wave."""
+    from ._numba_internals import max_active_clusters as query
+
+    _require_cluster_device()
+    return query(kernel, args, block, shared_mem, cluster_shape(dims))
 
 
 def _require_cluster_device():

@@ -24,6 +24,8 @@ if [[ $parts == *" tests "* ]]; then
   paths=""; for t in ${TESTS:-tests}; do paths+=" $repo/$t"; done
   xdist=""
   python3 -c "import xdist" 2>/dev/null && xdist="-n 8"
+  # a hung kernel ends its test (stacks dumped, the worker replaced) instead of the whole run
+  python3 -c "import pytest_timeout" 2>/dev/null && xdist+=" --timeout ${TEST_TIMEOUT:-180} --timeout-method=thread"
   python3 -m pytest -q -rfEs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
 fi
 if [[ $parts == *" examples "* ]]; then

@@ -92,10 +92,21 @@ def test_alpha_beta(alpha, beta, out):
 
 @pytest.mark.parametrize("options", [dict(bn=128), dict(bn=64, stages=2), dict(bn=192), dict(stages=1),
                                      dict(warp_specialized=False), dict(warp_specialized=False, stages=1),
-                                     dict(group_m=1), dict(grid=3)], ids=str)
+                                     dict(group_m=1), dict(grid=3), dict(cluster_m=2), dict(cluster_m=2, stages=1),
+                                     dict(cluster_m=2, grid=5)], ids=str)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_options(options, layout):
     run(700, 1000, 520, layout, **options)
+
+
+@pytest.mark.parametrize("bn", [64, 192])
+def test_cluster_with_an_odd_number_of_b_boxes(bn):
+    """(N, K) B tiles split in row halves between the two CTAs of a cluster; (K, N) tiles of an odd number of
+    64-column boxes cannot be split evenly: refused before launch."""
+    run(300, 520, 264, "nk", bn=bn, cluster_m=2)
+    a, b, c = matrix(300, 264, "bfloat16"), matrix(264, 520, "bfloat16"), matrix(300, 520, "bfloat16")
+    with pytest.raises(TensorMapError, match="even number of 64-column boxes"):
+        Gemm(a, b, c, b_layout="kn", bn=bn, cluster_m=2)
 
 
 def test_plan_relaunch_and_stream():
