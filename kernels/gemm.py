@@ -242,6 +242,10 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         base = s * stage_elems
         a_tile = shared_view(smem, base, (BM, BK))
         row = 64 * wg
+        # wgmma.fence on every k-step (as the PTX rules ask before wgmma that follow other register
+        # accesses): without it ptxas inserts its own where it sees divergent code between k-steps and then
+        # serializes every wgmma (warning C7519)
+        acc = wgmma_fence(acc)
         acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 0), b_operand(smem, b_map, base, 0), 1)
         acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 16), b_operand(smem, b_map, base, 1), 1)
         acc = wgmma(acc, wgmma_desc(a_tile, a_map, "K", row, 32), b_operand(smem, b_map, base, 2), 1)
@@ -321,7 +325,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                 state = (0, 0)
                 for t in range(first, total, step):
                     m0, n0 = work(t, tiles_m, tiles_n)
-                    acc = wgmma_fence(wgmma_zeros(bn))
+                    acc = wgmma_zeros(bn)
                     for kt in range(ktiles):
                         s = pipe.consumer_wait()
                         acc = mma_stage(acc, smem, a_map, b_map, s, cw)
@@ -376,7 +380,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         i = 0  # this CTA's k-step counter
         for ti in range(mine):
             m0, n0 = tile_origin(first + ti * step, tiles_m, tiles_n)
-            acc = wgmma_fence(wgmma_zeros(bn))
+            acc = wgmma_zeros(bn)
             for kt in range(ktiles):
                 s = pipe.consumer_wait()
                 acc = mma_stage(acc, smem, a_map, b_map, s, wg)

@@ -1,0 +1,140 @@
+"""CPU: numbatma.kernels.Gemm plans (tile heuristic, argument checks) and what the compiled kernel is made of -
+HGMMA issued back to back, no local memory, ``setmaxnreg`` kept, TMA loads/stores, multicast in cluster mode -
+linked offline for sm_90a; other targets refuse it naming wgmma."""
+import re
+
+import numpy as np
+import pytest
+
+from numbatma import TensorMapError
+from numbatma.intrinsics._asm import UnsupportedTarget
+from numbatma import compile as nbc
+from numbatma.kernels import Gemm, _launch
+
+from fakes import FakeCudaArray
+
+gemm_module = __import__("numbatma.kernels.gemm", fromlist=["default_config"])
+
+
+@pytest.fixture(autouse=True)
+def fixed_sm_count(monkeypatch):
+    monkeypatch.setattr(_launch, "sm_count", lambda *a: 132)
+
+
+def arr(shape, dtype=np.float16, ptr=1 << 20, strides=None):
+    return FakeCudaArray(shape, dtype, strides=strides, ptr=ptr)
+
+
+def plan(m, n, k, layout="nk", out=np.float16, **options):
+    """Arrays whose rows are padded to a multiple of 64 elements (views, as TMA needs 16-byte row strides)."""
+    pad = -(-n // 64) * 64
+    b = arr((n, k), ptr=1 << 30) if layout == "nk" else arr((k, n), ptr=1 << 30, strides=(pad * 2, 2))
+    itemsize = np.dtype(out).itemsize
+    return Gemm(arr((m, k)), b, arr((m, n), out, ptr=1 << 34, strides=(pad * itemsize, itemsize)),
+                b_layout=layout, **options)
+
+
+def test_tile_heuristic():
+    config = gemm_module.default_config
+    big = config(8192, 8192, 8192, 2)
+    assert (big.bn, big.stages, big.warp_specialized, big.cluster_m) == (256, 4, True, 1)
+    assert big.smem_bytes <= _launch.SMEM_PER_BLOCK - 1024
+    assert config(512, 512, 4096, 2).bn == 128  # 128 x 256 tiles would leave most SMs idle
+    assert config(8192, 128, 512, 2).bn == 128  # N fits one narrower tile
+    assert config(8192, 8192, 8192, 2, bn=128).stages == 5  # (at most 5)
+    assert config(8192, 8192, 8192, 4).epilogue_cols == 32  # float32 output: 128-byte epilogue chunks
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(bn=96), "bn must be 64, 128, 192 or 256"),
+    (dict(stages=9), "at most 4 stages fit"),
+    (dict(stages=0), "at most 4 stages fit"),
+    (dict(cluster_m=4), "cluster_m must be 1 or 2"),
+    (dict(cluster_m=2, warp_specialized=False), "2 only with warp_specialized=True"),
+])
+def test_bad_options(options, message):
+    with pytest.raises(TensorMapError, match=re.escape(message)):
+        plan(8192, 8192, 1024, **options)
+
+
+def test_kn_tiles_of_an_odd_number_of_boxes_are_not_split_between_two_ctas():
+    with pytest.raises(TensorMapError, match="even number of 64-column boxes"):
+        plan(1024, 1024, 1024, "kn", bn=192, cluster_m=2)
+    assert plan(1024, 1024, 1024, "nk", bn=192, cluster_m=2).config.cluster_m == 2
+
+
+def test_bad_arrays():
+    a, b = arr((64, 64)), arr((64, 64), np.float32, ptr=1 << 30)
+    with pytest.raises(TensorMapError, match="both must be bfloat16 or both float16"):
+        Gemm(a, b, arr((64, 64), ptr=1 << 34))
+    with pytest.raises(TensorMapError, match=r"shapes do not multiply: a is \(64, 64\), b is \(32, 64\)"):
+        Gemm(a, arr((32, 64), ptr=1 << 30), arr((64, 64), ptr=1 << 34))
+    with pytest.raises(TensorMapError, match="supported output dtypes"):
+        Gemm(a, arr((64, 64), ptr=1 << 30), arr((64, 64), np.int32, ptr=1 << 34))
+    with pytest.raises(TensorMapError, match="b_layout must be 'kn'"):
+        Gemm(a, arr((64, 64), ptr=1 << 30), arr((64, 64), ptr=1 << 34), b_layout="nn")
+    with pytest.raises(TensorMapError, match="Gemm takes 2-D arrays"):
+        Gemm(arr((4, 64, 64)), arr((64, 64), ptr=1 << 30), arr((64, 64), ptr=1 << 34))
+    with pytest.raises(TensorMapError, match="K is 0"):
+        Gemm(arr((64, 0)), arr((64, 0), ptr=1 << 30), arr((64, 64), ptr=1 << 34), b_layout="nk")
+
+
+def test_grid_is_persistent_and_never_larger_than_the_work():
+    assert plan(8192, 8192, 1024).grid == 132
+    assert plan(256, 512, 64).grid == 2 * 4  # 2 x 4 tiles of 128 x 128
+    assert plan(8192, 8192, 1024, grid=7).grid == 7
+
+
+def _sass(p):
+    """SASS as the GPU build makes it (LTO; the warp-specialized kernel has a register cap for setmaxnreg)."""
+    cap = gemm_module.MAX_REGISTERS if p.config.warp_specialized else None
+    cubin = nbc.compile_cubin(p.kernel.py_func, p.args, "sm_90a", max_registers=cap)
+    return nbc.sass(cubin)
+
+
+# One build per variant (each compiles the whole kernel: ~10-20 s).
+VARIANTS = {
+    "nk": dict(layout="nk"),
+    "kn-f32-beta-tail": dict(layout="kn", out=np.float32, beta=0.5, n=8189),
+    "nk-cluster": dict(layout="nk", cluster_m=2),
+    "plain": dict(layout="nk", warp_specialized=False),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def built(request):
+    v = dict(VARIANTS[request.param])
+    n = v.pop("n", 8192)
+    layout, out = v.pop("layout"), v.pop("out", np.float16)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_launch, "sm_count", lambda *a: 132)
+        p = plan(8192, n, 8192, layout, out, **v)
+    return request.param, p, _sass(p)
+
+
+def test_sass(built):
+    name, p, sass = built
+    bn = p.config.bn
+    assert re.search(r"\bHGMMA\.64x%dx16\.F32" % bn, sass), "no m64n%dk16 HGMMA" % bn
+    assert not re.search(r"\b(STL|LDL)\b", sass), "local memory in the GEMM kernel"
+    assert "UTMALDG" in sass and "UTMASTG" in sass
+    # the four k-steps of a stage issue back to back: nothing that waits (warpgroup barriers, mbarrier or
+    # block syncs) between the first and the last HGMMA of the group, only descriptor arithmetic
+    ops = [line.split("*/")[1].split()[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    hgmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
+    assert len(hgmma) == 4, f"{len(hgmma)} HGMMA (one stage: four k-steps of 16)"
+    between = ops[hgmma[0]:hgmma[-1]]
+    assert not [op for op in between if op.startswith(("WARPGROUP", "BAR", "SYNCS", "DEPBAR", "WARPSYNC"))]
+    if p.config.warp_specialized:
+        assert "USETMAXREG" in sass, "setmaxnreg did not survive the build"
+    if name == "nk-cluster":
+        assert "MULTICAST" in sass
+    if "beta" in name:
+        assert re.search(r"\bSTG?\.E", sass), "the tail columns need ordinary stores"
+
+
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_120a"])
+def test_other_targets_say_wgmma_is_sm_90a_only(arch):
+    p = plan(256, 256, 64)
+    with pytest.raises(UnsupportedTarget, match="wgmma"):
+        nbc.compile_ptx(p.kernel.py_func, p.args, arch)
