@@ -3,6 +3,7 @@
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
 #   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, gemm, probes, sweep)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
+#   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
 # Needs the wheels from ../shared/gpu/fetch-wheels in .whl/ (numpy < 2.5 for numba-cuda 0.30.4).
 # Logs go to $OUT (or ./gpu-logs) so they come back from the device machine.
 set -uo pipefail
@@ -29,7 +30,8 @@ if [[ $parts == *" tests "* ]]; then
   python3 -m pytest -q -rfEs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
 fi
 if [[ $parts == *" examples "* ]]; then
-  for ex in "$repo"/examples/*.py; do
+  for ex in ${EXAMPLES:-"$repo"/examples/*.py}; do
+    [[ $ex == /* ]] || ex="$repo/$ex"
     echo "== $ex" | tee -a "$out/examples.log"
     timeout 300 python3 "$ex" 2>&1 | tee -a "$out/examples.log" || status=1
   done

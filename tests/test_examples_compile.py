@@ -75,3 +75,28 @@ def test_main_example_runs_in_the_simulator_without_a_gpu():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "running the same kernel in the CUDA simulator" in out.stdout
     assert "(CUDA simulator): OK, matches NumPy" in out.stdout
+
+
+def test_gemm_example_compiles_to_hgmma_without_local_memory():
+    m = load("gemm")
+    a, b, c = (FakeCudaArray(s, np.float16, ptr=p) for s, p in
+               (((1000, 512), 1 << 20), ((768, 512), 1 << 30), ((1000, 768), 1 << 34)))
+    plan = m.ExampleGemm(a, b, c)
+    sass = nbc.sass(nbc.compile_cubin(m.gemm_kernel.py_func, (plan.a_map, plan.b_map, plan.c_map, plan.k),
+                                      max_registers=m.MAX_REGISTERS))
+    assert sass.count("HGMMA.64x256x16.F32") == 4 and "USETMAXREG" in sass and "UTMASTG.2D" in sass
+    assert "STL" not in sass and "LDL" not in sass
+    ops = [line.split("*/")[1].split()[0] for line in sass.splitlines() if "*/" in line and "HGMMA" in line
+           or "WARPGROUP" in line]
+    first = ops.index("HGMMA.64x256x16.F32")
+    assert ops[first:first + 4] == ["HGMMA.64x256x16.F32"] * 4, "ptxas serialized the k-step's wgmma"
+
+
+def test_gemm_example_runs_in_the_simulator_without_a_gpu():
+    from gpuinfo import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("a GPU is present")
+    out = subprocess.run([sys.executable, str(EXAMPLES / "gemm.py")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "(CUDA simulator): OK, matches float64 dot products" in out.stdout
