@@ -252,14 +252,14 @@ def main():
     for r in results:
         ours_r = r.get("numbatma", {})
         if "vs_cublas" in ours_r and r["tag"] in ("square", "llm"):
-            summary[f"{r['m']}x{r['n']}x{r['k']} {r['layout']}"] = {
+            summary[f"{r['tag']} {r['m']}x{r['n']}x{r['k']} {r['layout']}"] = {
                 "numbatma": round(ours_r["tflops"], 1), "cublas": round(r["cublas"]["tflops"], 1),
                 "triton": round(r.get("triton", {}).get("tflops", float("nan")), 1),
                 "vs_cublas": round(ours_r["vs_cublas"], 3)}
     log("\n== summary (TFLOP/s)")
-    log(f"{'shape':28s} {'numbatma':>9s} {'cuBLAS':>9s} {'Triton':>9s} {'vs cuBLAS':>10s}")
+    log(f"{'shape':34s} {'numbatma':>9s} {'cuBLAS':>9s} {'Triton':>9s} {'vs cuBLAS':>10s}")
     for key, v in summary.items():
-        log(f"{key:28s} {v['numbatma']:9.1f} {v['cublas']:9.1f} {v['triton']:9.1f} {v['vs_cublas']:10.3f}")
+        log(f"{key:34s} {v['numbatma']:9.1f} {v['cublas']:9.1f} {v['triton']:9.1f} {v['vs_cublas']:10.3f}")
     out_dir = os.environ.get("OUT") or HERE
     commit = os.environ.get("NUMBATMA_COMMIT") or _git_commit()
     payload = {"gpu": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,

@@ -184,7 +184,8 @@ def main():
     got = c[rows, cols].astype(np.float64)
     bound = 2.0 ** -11 * np.abs(ref) + k * 2.0 ** -23 * scale + 1e-6  # float16 rounding + float32 sums
     bad = ~(np.abs(got - ref) <= bound)
-    where = "CUDA simulator" if numbatma.SIMULATING else cuda.get_current_device().name.decode()
+    name = "CUDA simulator" if numbatma.SIMULATING else cuda.get_current_device().name
+    where = name.decode() if isinstance(name, bytes) else name
     if bad.any() or np.isnan(c).any():
         print(f"FAILED ({where}): {int(bad.sum())} of {len(rows)} checked entries wrong, "
               f"{int(np.isnan(c).sum())} never written")

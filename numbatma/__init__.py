@@ -46,6 +46,7 @@ else:
 
 from .cluster import cluster_kernel, cluster_launch_bounds, max_active_clusters, with_cluster  # noqa: E402
 from .im2col import Im2colTensorMap  # noqa: E402
+from .launch import prepare_launch  # noqa: E402
 
 
 __all__ = [
@@ -65,5 +66,6 @@ __all__ = [
     "cluster_kernel",
     "cluster_launch_bounds",
     "max_active_clusters",
+    "prepare_launch",
     "with_cluster",
 ]

@@ -197,6 +197,40 @@ def max_active_clusters(dispatcher, args, block, shared_mem, dims):
     return int(count)
 
 
+def prepare_launch(dispatcher, args, grid, block, shared_mem):
+    """A function ``run(stream=0)`` that launches ``dispatcher`` with ``args`` exactly as
+    ``dispatcher[grid, block, stream, shared_mem](*args)`` would, with the arguments converted once: numba's
+    per-launch work (argument typing, overload lookup, marshalling of every argument) is skipped. None where
+    that cannot be done faithfully (a debug or cooperative kernel, an argument numba copies back after the launch)."""
+    from cuda.core import LaunchConfig, launch
+    from numba.cuda.cudadrv.driver import _to_core_stream
+
+    kernel = compiled_kernel(dispatcher, args)
+    if kernel.debug or getattr(kernel, "cooperative", False):
+        return None
+    _ensure_dynamic_smem(kernel, shared_mem)
+    dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
+    if dims is not None:
+        from .cluster import check_grid
+
+        check_grid(grid, dims)
+    kernelargs, writeback = [], []
+    for ty, value in zip(kernel.argument_types, args):
+        kernel._prepare_args(ty, value, 0, writeback, kernelargs)
+    if writeback:  # (a host array: numba copies it to the device and back around each launch)
+        return None
+    as_tuple = (lambda d: tuple(d) + (1,) * (3 - len(d)) if isinstance(d, tuple) else (int(d), 1, 1))
+    config = LaunchConfig(grid=as_tuple(grid), block=as_tuple(block), shmem_size=int(shared_mem))
+    function = kernel._codelibrary.get_cufunc().kernel
+    default_stream = _to_core_stream(0)
+
+    def run(stream=0):
+        launch(_to_core_stream(stream) if stream else default_stream, config, function, *kernelargs)
+
+    run.keep_alive = (args, kernelargs)  # the converted arguments point into these objects
+    return run
+
+
 # -- hook 6: device functions compile without a driver ------------------------------------------------
 @contextlib.contextmanager
 def offline_target(cc):

@@ -39,8 +39,11 @@ def test_tile_heuristic():
     big = config(8192, 8192, 8192, 2)
     assert (big.bn, big.stages, big.warp_specialized, big.cluster_m) == (256, 4, True, 1)
     assert big.smem_bytes <= _launch.SMEM_PER_BLOCK - 1024
-    assert config(512, 512, 4096, 2).bn == 128  # 128 x 256 tiles would leave most SMs idle
-    assert config(8192, 128, 512, 2).bn == 128  # N fits one narrower tile
+    assert config(2048, 2048, 2048, 2).bn == 256  # 128 tiles of 128 x 256 for 132 SMs
+    assert config(257, 4096, 1000, 2).bn == 128  # 48 tiles of 128 x 256 would leave most SMs idle; 96 of 128
+    assert config(1024, 1024, 1024, 2).bn == 64  # 128 tiles of 128 x 64 rather than 64 of 128 x 128
+    assert config(16384, 128, 512, 2).bn == 128  # N fits one tile of 128
+    assert config(8192, 64, 512, 2).bn == 64
     assert config(8192, 8192, 8192, 2, bn=128).stages == 5  # (at most 5)
     assert config(8192, 8192, 8192, 4).epilogue_cols == 32  # float32 output: 128-byte epilogue chunks
 
@@ -81,7 +84,7 @@ def test_bad_arrays():
 
 def test_grid_is_persistent_and_never_larger_than_the_work():
     assert plan(8192, 8192, 1024).grid == 132
-    assert plan(256, 512, 64).grid == 2 * 4  # 2 x 4 tiles of 128 x 128
+    assert plan(256, 512, 64).grid == 2 * 8  # 2 x 8 tiles of 128 x 64
     assert plan(8192, 8192, 1024, grid=7).grid == 7
 
 

@@ -126,6 +126,47 @@ def test_plan_relaunch_and_stream():
     check(c, a, b.t())
 
 
+def test_alpha_beta_change_between_launches_of_a_prepared_plan():
+    a, b = matrix(256, 128, "bfloat16"), matrix(192, 128, "bfloat16")
+    c = matrix(256, 192, "float32")
+    c0 = c.clone()
+    plan = Gemm(a, b, c, b_layout="nk", alpha=1.0, beta=1.0)
+    plan.launch()
+    plan.alpha, plan.beta = -0.5, 2.0
+    c1 = c.clone()
+    plan.launch()
+    torch.cuda.synchronize()
+    ref1 = a.double() @ b.t().double() + c0.double()
+    check(c1, a, b.t(), 1.0, 1.0, c0, "float32")
+    check(c, a, b.t(), -0.5, 2.0, c1, "float32")
+    assert torch.allclose(c1.double(), ref1, rtol=1e-4, atol=1e-3)
+
+
+def test_prepare_launch_of_a_plain_kernel_on_a_stream():
+    """numbatma.prepare_launch: arguments converted once; new data in the same arrays is seen; streams."""
+    from numba import cuda
+
+    import numbatma
+
+    @cuda.jit
+    def axpb(x, y, a, b):
+        i = cuda.grid(1)
+        if i < x.size:
+            y[i] = a * x[i] + b
+
+    x = torch.randn(1000, device="cuda")
+    y = torch.full((1000,), float("nan"), device="cuda")
+    run = numbatma.prepare_launch(axpb, (x, y, 2.0, 1.0), 4, 256)
+    run()
+    torch.cuda.synchronize()
+    assert torch.allclose(y, 2 * x + 1)
+    x.copy_(torch.randn(1000, device="cuda"))
+    stream = torch.cuda.Stream()
+    run(cuda.external_stream(stream.cuda_stream))
+    stream.synchronize()
+    assert torch.allclose(y, 2 * x + 1)
+
+
 def test_numba_and_cupy_arrays():
     from numba import cuda
 

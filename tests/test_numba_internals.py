@@ -131,3 +131,21 @@ def test_device_functions_compile_without_a_driver():
 
     for arch in nbc.ARCHS:
         assert "st.global" in nbc.compile_ptx(k, (types.float32[::1],), arch=arch)
+
+
+def test_prepared_launch_follows_kernel_launch():
+    """numbatma.prepare_launch repeats what _Kernel.launch does once (argument marshalling through
+    _prepare_args, then cuda.core.launch(stream, LaunchConfig(...), cufunc.kernel, *kernelargs)); and compiles
+    the overload through the dispatcher's own argument typing."""
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import driver
+
+    original = inspect.getsource(dispatcher)
+    assert re.search(r"for t, v in zip\(self\.argument_types, args\):\s*self\._prepare_args\(t, v, stream, retr, "
+                     r"kernelargs\)", original)
+    assert "kernel = cufunc.kernel\n        launch(stream, config, kernel, *kernelargs)" in original
+    assert "cufunc = self._codelibrary.get_cufunc()" in original
+    assert "argtypes = [self.typeof_pyval(a) for a in args]\n        return self.compile(tuple(argtypes))" in original
+    assert "self.stream = driver._to_core_stream(stream)" in original
+    assert callable(driver._to_core_stream)
+    assert "is_cooperative=self.cooperative" in original  # (prepared launches are never cooperative)
