@@ -266,8 +266,64 @@ def main():
                "command": " ".join(sys.argv), "results": results, "summary": summary}
     with open(os.path.join(out_dir, "gemm.json"), "w") as f:
         json.dump(payload, f, indent=1)
+    with open(os.path.join(out_dir, "gemm.md"), "w") as f:
+        f.write(markdown(payload))
+    plot(payload, os.path.join(out_dir, "gemm.png"))
     failed = any(not v.get("ok", True) for r in results for v in r.values() if isinstance(v, dict))
     return 1 if failed else 0
+
+
+def markdown(payload):
+    """The results as Markdown tables (what benchmarks/RESULTS.md quotes)."""
+    lines = [f"GPU: {payload['gpu']}; commit {payload['commit']}; {payload['date']}; `{payload['command']}`", "",
+             "| section | shape (M x N x K) | B | numbatma | cuBLAS | Triton | numbatma / cuBLAS | numbatma / Triton |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in payload["results"]:
+        if r["tag"] not in ("square", "llm") or "tflops" not in r.get("numbatma", {}):
+            continue
+        ours, cub, tri = (r.get(k, {}).get("tflops") for k in ("numbatma", "cublas", "triton"))
+        fmt = (lambda v: f"{v:.1f}" if v else "-")
+        lines.append(f"| {r['tag']} | {r['m']} x {r['n']} x {r['k']} | {r['layout']} | {fmt(ours)} | {fmt(cub)} | "
+                     f"{fmt(tri)} | **{ours / cub:.3f}** | {ours / tri:.2f} |" if cub and tri else
+                     f"| {r['tag']} | {r['m']} x {r['n']} x {r['k']} | {r['layout']} | {fmt(ours)} | {fmt(cub)} | "
+                     f"{fmt(tri)} | - | - |")
+    for r in payload["results"]:
+        if r["tag"] == "variants":
+            lines += ["", f"Variants at {r['m']} x {r['n']} x {r['k']} ({r['layout']}):", "",
+                      "| kernel | TFLOP/s | / cuBLAS |", "|---|---|---|"]
+            for name, v in r.items():
+                if isinstance(v, dict) and "tflops" in v:
+                    lines.append(f"| {name} | {v['tflops']:.1f} | {v.get('vs_cublas', 1.0):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(payload, path):
+    """A bar chart of TFLOP/s per shape (numbatma, cuBLAS, Triton); skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("(no matplotlib: no plot)")
+        return
+    rows = [r for r in payload["results"] if r["tag"] in ("square", "llm") and "tflops" in r.get("numbatma", {})]
+    if not rows:
+        return
+    labels = [f"{r['m']}x{r['n']}x{r['k']}\n{r['layout']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5))
+    width = 0.27
+    for i, (name, color) in enumerate((("numbatma", "tab:blue"), ("cublas", "tab:gray"), ("triton", "tab:orange"))):
+        ax.bar([j + (i - 1) * width for j in range(len(rows))], [r.get(name, {}).get("tflops", 0) for r in rows],
+               width, label={"cublas": "cuBLAS (torch.matmul)", "triton": "Triton"}.get(name, "numbatma Gemm"),
+               color=color)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("TFLOP/s (bf16 in, fp32 accumulate, bf16 out)")
+    ax.set_title(f"GEMM on {payload['gpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"wrote {path}")
 
 
 def _git_commit():
