@@ -98,10 +98,10 @@ __all__ = [
 
 
 # Modules that list their public names in __all__ (one PTX family each).
-from . import bulk, cluster, cluster_copy, descriptor, im2col, swizzle  # noqa: E402
+from . import bulk, cluster, cluster_copy, descriptor, im2col, mma, swizzle  # noqa: E402
 from . import wgmma as _wgmma_family  # noqa: E402  (the name wgmma is the intrinsic)
 
-_LISTED_FAMILIES = (bulk, cluster, cluster_copy, descriptor, im2col, swizzle, _wgmma_family)
+_LISTED_FAMILIES = (bulk, cluster, cluster_copy, descriptor, im2col, mma, swizzle, _wgmma_family)
 for _module in _LISTED_FAMILIES:
     for _name in _module.__all__:
         globals()[_name] = getattr(_module, _name)
@@ -114,4 +114,5 @@ def all_ptx():
     from . import async_copy, cache, fence, mbarrier, pipeline, tma, warp
 
     return {**mbarrier.PTX, **tma.PTX, **fence.PTX, **async_copy.PTX, **warp.PTX, **pipeline.PTX, **cache.PTX,
-            **bulk.PTX, **cluster.PTX, **cluster_copy.PTX, **descriptor.PTX, **im2col.PTX, **_wgmma_family.PTX}
+            **bulk.PTX, **cluster.PTX, **cluster_copy.PTX, **descriptor.PTX, **im2col.PTX, **mma.PTX,
+            **_wgmma_family.PTX}
