@@ -43,31 +43,56 @@ memory stays unchanged until the ``wgmma_wait_group`` that covers the group; the
 after that wait. ``wgmma_fence`` / ``wgmma_wait_group`` take and return the accumulators through tied
 operands, so the compiler cannot move a use of them across the fence or the wait.
 
+**Float8** operands come from a TensorMap of a 1-byte array built with ``element="e4m3"`` or ``"e5m2"``
+(uint8/int8 holding the bits, or a float8 array whose type implies it): TMA moves the bytes, the element is part
+of the kernel type, and ``wgmma_desc`` reads the tile as float8 (K = 32 per instruction, K-major only).
+
+**A from registers** (``wgmma(acc, a, b_desc, scale_d)`` with ``a`` four uint32 per thread): for bf16/f16 each
+register holds two elements (low half: the lower column); thread ``t`` of the warpgroup (warp ``w = t // 32``,
+``g = lane // 4``, ``q = lane % 4``) holds register ``j``: row ``16 w + g + 8 (j % 2)``, columns
+``2 q + 8 (j // 2)`` and ``+1`` of the 64 x 16 A tile - the accumulator's own layout, so the columns
+``16 k .. 16 k + 15`` of a float32 accumulator, packed, are A's k-step ``k`` (:func:`wgmma_a_fragments`: P @ V of
+attention without shared memory). tf32: register ``j`` is row ``16 w + g + 8 (j % 2)``, column ``q + 4 (j // 2)``
+of the 64 x 8 tile. The kind of a register A is B's kind (the registers carry no type): pass bf16 fragments
+with a bf16 B. Fence (``wgmma_fence``) between writing A registers and the wgmma that reads them; the fence
+also takes the fragments (``acc, frags = wgmma_fence((acc, frags))``) to pin them in order.
+
+**Accumulator helpers** (all in registers, after the covering wait): ``acc[i]`` (register ``i``; which element:
+:func:`wgmma_row_col`), :func:`wgmma_scale` (alpha), :func:`wgmma_add_bias` (a per-column bias vector),
+:func:`wgmma_add_tile` (beta * C from a shared tile), :func:`wgmma_a_fragments` (bf16/f16 A fragments),
+:func:`wgmma_store` (into a shared tile, swizzled, ready for a TMA store; ``stmatrix`` for 16-bit tiles) and
+:func:`wgmma_store_global` (straight to a 2-D global array, bounds-checked per element: any M, N).
+
 Under the CUDA simulator the same calls decode the descriptors, un-swizzle the tiles and multiply with NumPy
-(float32 accumulation); reading accumulators before the covering wait, a wgmma on accumulators that were not
-fenced, and tiles still being filled by TMA are reported.
+(float32 accumulation); A from registers is gathered from the 128 threads' fragments. Reading accumulators
+before the covering wait, a wgmma on accumulators that were not fenced, register A fragments written after the
+last fence, bf16 fragments fed with an f16 B (or the reverse), a tile that does not start on its swizzle repeat
+and tiles still being filled by TMA are reported.
 
 Targets: sm_90a only. Compiling a kernel that uses wgmma for sm_100a / sm_120a raises ``UnsupportedTarget``;
-there, use ``mma_m16n8k16`` (:mod:`numbatma.intrinsics.mma`).
+there, use ``mma_m16n8k16`` (:mod:`numbatma.intrinsics.mma`). (The accumulator helpers without wgmma compile
+everywhere; ``stmatrix`` needs sm_90+.) See docs/tensor_cores.md.
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
-from ._asm import Ptx
+from ._asm import TARGETS, Ptx
 from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, require_shared, sim
 
 __all__ = [
     "wgmma",
+    "wgmma_a_fragments",
+    "wgmma_add_bias",
     "wgmma_commit_group",
     "wgmma_desc",
     "wgmma_fence",
     "wgmma_row_col",
     "wgmma_scale",
     "wgmma_store",
+    "wgmma_store_global",
     "wgmma_add_tile",
     "wgmma_wait_group",
     "wgmma_zeros",
@@ -187,11 +212,15 @@ class OperandLayout:
 
 _TMA_KIND = {"BFLOAT16": "bf16", "FLOAT16": "f16", "FLOAT32": "tf32", "TFLOAT32": "tf32", "FLOAT32_FTZ": "tf32",
              "TFLOAT32_FTZ": "tf32"}
-_FP8_ELEMENTS = {"float8_e4m3fn": "e4m3", "float8_e4m3": "e4m3", "float8_e5m2": "e5m2"}
+# The float8 element of a TensorMap (TensorMap(..., element=) / TensorMapType.element: "e4m3" or "e5m2"; the
+# dtype names of float8 arrays are accepted too).
+_FP8_ELEMENTS = {"e4m3": "e4m3", "e5m2": "e5m2", "float8_e4m3fn": "e4m3", "float8_e4m3": "e4m3",
+                 "float8_e5m2": "e5m2"}
 
 
 def operand_kind(tma_dtype, element=None):
-    """The wgmma operand kind of a TensorMap's elements, or None."""
+    """The wgmma operand kind of a TensorMap's elements (``tma_dtype``: the driver's type name; ``element``: the
+    TensorMap's float8 element), or None."""
     if element in _FP8_ELEMENTS:
         return _FP8_ELEMENTS[element]
     return _TMA_KIND.get(tma_dtype)
@@ -202,8 +231,10 @@ def operand_layout(op, tile_shape, tile_itemsize, desc, major):
     :class:`OperandLayout`. ``op(message)`` raises the caller's error."""
     kind = operand_kind(desc.tma_dtype, getattr(desc, "element", None))
     if kind is None:
+        hint = (" - for float8 data build the TensorMap with element='e4m3' or element='e5m2'"
+                if desc.tma_dtype == "UINT8" else "")
         op(f"the TensorMap moves {desc.tma_dtype} elements; wgmma reads bfloat16, float16, float32 (as tf32) and "
-           f"float8 (e4m3/e5m2) operands")
+           f"float8 (e4m3/e5m2) operands{hint}")
     if major not in ("K", "MN"):
         op(f"major must be 'K' (the tile's contiguous axis is K: A as (M, K), B as (N, K)) or 'MN' (contiguous "
            f"along M/N: B as (K, N)), got {major!r}")
@@ -227,6 +258,11 @@ def operand_layout(op, tile_shape, tile_itemsize, desc, major):
     groups = shape[0] if len(shape) == 3 else 1
     itemsize = desc.itemsize
     span = desc.swizzle
+    if span and desc.box[-1] * itemsize != span:
+        op(f"the TensorMap's box rows are {desc.box[-1] * itemsize} bytes but its {span}-byte swizzle needs rows of "
+           f"exactly {span} bytes ({span // itemsize} elements) for wgmma: TMA pads narrower rows to the span in "
+           f"shared memory, and wgmma would read the padding. Use a {desc.box[-1] * itemsize}-byte swizzle or a "
+           f"box {span // itemsize} elements wide")
     if span:
         if width * itemsize != span:
             op(f"the box rows are {width * itemsize} bytes but the {span}-byte swizzle needs rows of exactly {span} "
@@ -249,7 +285,7 @@ if not SIMULATING:
     from numba.cuda.extending import infer, lower_builtin, register_model
     from numba.cuda.typing.templates import AbstractTemplate, signature
 
-    from numbatma._types import SharedArray, TensorMapType
+    from numbatma._types import TensorMapType
 
     from ._define import shared_address
 
@@ -323,8 +359,33 @@ if not SIMULATING:
             out = builder.insert_value(out, builder.extract_value(struct, i), i)
         return out
 
+    def _is_fragment(ty):
+        """A register A fragment: four 32-bit integers (uint32 holding packed bf16/f16 pairs, or tf32 bits)."""
+        return isinstance(ty, types.UniTuple) and ty.count == 4 and isinstance(ty.dtype, types.Integer) \
+            and ty.dtype.bitwidth == 32
+
+    def _register_classes(op, ty):
+        """PTX register class of every register of ``ty`` - an accumulator, a register A fragment or a (nested)
+        tuple of them - in order."""
+        if isinstance(ty, WgmmaAccumulatorType):
+            return [ty.reg] * ty.count
+        if _is_fragment(ty):
+            return ["b32"] * 4
+        if isinstance(ty, types.BaseTuple) and len(ty):
+            return [r for t in ty for r in _register_classes(op, t)]
+        fail(op, f"expected a wgmma accumulator (from wgmma_zeros), a register A fragment (four uint32) or a tuple "
+                 f"of them, got {ty}")
+
+    def _accumulator_group(op, accs):
+        """(register class, count) of the registers ``accs`` carries: one class, or "b32" for a mix (float32
+        registers travel bit-cast)."""
+        regs = _register_classes(op, accs)
+        return (regs[0] if len(set(regs)) == 1 else "b32"), len(regs)
+
     def _registers(builder, accs, values):
-        """Flat list of the registers of one accumulator or a tuple of them."""
+        """Flat list of the registers of ``values`` (of type ``accs``: an accumulator, a fragment, a tuple)."""
+        if isinstance(accs, types.Integer):
+            return [values]
         if isinstance(accs, WgmmaAccumulatorType):
             return [builder.extract_value(values, i) for i in range(accs.count)]
         out = []
@@ -332,30 +393,25 @@ if not SIMULATING:
             out += _registers(builder, ty, builder.extract_value(values, i))
         return out
 
-    def _accumulator_group(op, accs):
-        """(register class, count) of one accumulator or a tuple of accumulators of one register class."""
+    def _rebuild(builder, accs, struct, old, start=0):
+        """``old`` (of type ``accs``) with its registers replaced by registers ``start..`` of an asm result
+        (bit-cast back where the asm carried float32 registers as b32). Returns (value, next start)."""
+        if isinstance(accs, types.Integer):
+            return _as(builder, builder.extract_value(struct, start), old.type), start + 1
+        out = old
         if isinstance(accs, WgmmaAccumulatorType):
-            return accs.reg, accs.count
-        if isinstance(accs, types.BaseTuple) and len(accs) and all(
-                isinstance(t, WgmmaAccumulatorType) for t in accs):
-            regs = {t.reg for t in accs}
-            if len(regs) != 1:
-                fail(op, "a tuple of accumulators must be all float32 or all float16 accumulators")
-            return regs.pop(), sum(t.count for t in accs)
-        fail(op, f"expected a wgmma accumulator (from wgmma_zeros) or a tuple of them, got {accs}")
-
-    def _rebuild(builder, context, accs, struct, start=0):
-        """Values of ``accs`` (one accumulator or a tuple) from registers ``start..`` of an asm result."""
-        if isinstance(accs, WgmmaAccumulatorType):
-            out = ir.Constant(accs.llvm_type(), None)
             for i in range(accs.count):
-                out = builder.insert_value(out, builder.extract_value(struct, start + i), i)
+                reg = _as(builder, builder.extract_value(struct, start + i), old.type.element)
+                out = builder.insert_value(out, reg, i)
             return out, start + accs.count
-        items = []
-        for ty in accs:
-            value, start = _rebuild(builder, context, ty, struct, start)
-            items.append(value)
-        return context.make_tuple(builder, accs, items), start
+        for i, ty in enumerate(accs):
+            item, start = _rebuild(builder, ty, struct, builder.extract_value(old, i), start)
+            out = builder.insert_value(out, item, i)
+        return out, start
+
+    def _as(builder, value, ty):
+        """``value`` as LLVM type ``ty`` (a bit-cast between float and i32 of the fence's register class)."""
+        return value if value.type == ty else builder.bitcast(value, ty)
 
 
 def _literal_string(op, what, ty, choices):
@@ -497,11 +553,11 @@ def _check_operands(op, acc, a, b):
     if isinstance(a, WgmmaOperandType):
         la = a.layout
         a_source, akind = "smem", la.kind
-    elif isinstance(a, types.UniTuple) and len(a) == 4 and isinstance(a.dtype, types.Integer) \
-            and a.dtype.bitwidth == 32:
+    elif _is_fragment(a):
         la, a_source, akind = None, "reg", lb.kind if lb.kind not in FP8 else None
         if akind is None:
-            fail(op, "with float8 operands A from registers is ambiguous: use a shared-memory A")
+            fail(op, "A from registers with a float8 B: four uint32 registers do not say whether A is e4m3 or "
+                     "e5m2, so numbatma reads float8 A from shared memory only (wgmma_desc)")
     else:
         fail(op, f"A must be a shared-memory operand (wgmma_desc) or a register fragment (a tuple of four "
                  f"uint32), got {a}")
@@ -561,15 +617,18 @@ def wgmma(typingctx, acc, a, b, scale_d):
 
 @device_op(simulate=lambda acc: _sim_fence(acc))
 def wgmma_fence(typingctx, acc):
-    """``wgmma.fence.sync.aligned;`` with the accumulators ``acc`` (one, or a tuple of float32 accumulators)
-    tied through it: returns ``acc``. Required before the first wgmma of a sequence that reads accumulators
-    written otherwise (``wgmma_zeros``, ``wgmma_scale``, a finished tile), and between ordinary writes to
-    shared memory it reads (with ``fence_proxy_async_shared_cta``) and the wgmma."""
+    """``wgmma.fence.sync.aligned;`` with ``acc`` tied through it: returns ``acc``. ``acc``: an accumulator, a
+    register A fragment (four uint32), or a (nested) tuple of them - e.g. ``acc, frags = wgmma_fence((acc,
+    frags))``. Required before the first wgmma of a sequence that reads accumulators written otherwise
+    (``wgmma_zeros``, ``wgmma_scale``, a finished tile), between writing register A fragments and the wgmma
+    that reads them, and between ordinary writes to shared memory it reads (with
+    ``fence_proxy_async_shared_cta``) and the wgmma. The instruction orders every register of the warpgroup;
+    the tied values keep the compiler from moving their writes across it."""
     reg, count = _accumulator_group("wgmma_fence", acc)
     ptx = fence_ptx(reg, count)
 
     def codegen(context, builder, sig, args):
-        return _rebuild(builder, context, acc, ptx.emit(builder, d=_registers(builder, acc, args[0])))[0]
+        return _rebuild(builder, acc, ptx.emit(builder, d=_registers(builder, acc, args[0])), args[0])[0]
 
     return acc(acc), codegen
 
@@ -596,7 +655,7 @@ def wgmma_wait_group(typingctx, n, acc):
     ptx = wait_ptx(reg, count)
 
     def codegen(context, builder, sig, args):
-        return _rebuild(builder, context, acc, ptx.emit(builder, d=_registers(builder, acc, args[1]), n=value))[0]
+        return _rebuild(builder, acc, ptx.emit(builder, d=_registers(builder, acc, args[1]), n=value), args[1])[0]
 
     return acc(n, acc), codegen
 
@@ -614,9 +673,9 @@ def wgmma_row_col(i, thread):
 
 
 if not SIMULATING:
-    from numba import cuda as _cuda
+    from numba.cuda.extending import register_jitable
 
-    wgmma_row_col = _cuda.jit(device=True, inline="always")(wgmma_row_col)
+    register_jitable(inline="always")(wgmma_row_col)  # callable in kernels; the name stays the plain function
 
 
 _THREAD_X = Ptx("mov.u32 $tid, %tid.x;", out=("tid", "b32"), memory=False, min_sm=20)
@@ -624,6 +683,13 @@ _F32_TO_BF16X2 = Ptx("cvt.rn.bf16x2.f32 $out, $hi, $lo;", ins=(("hi", "f32"), ("
                      memory=False, min_sm=80)
 _F32_TO_F16X2 = Ptx("cvt.rn.f16x2.f32 $out, $hi, $lo;", ins=(("hi", "f32"), ("lo", "f32")), out=("out", "b32"),
                     memory=False, min_sm=80)
+
+
+# stmatrix of the epilogue: x4 (two 8-column blocks of the warp's 16 rows) and x2 (one block)
+_STMATRIX = {count: Ptx(f"stmatrix.sync.aligned.m8n8.x{count}.shared.b16 [$addr], $r;",
+                        ins=(("addr", "b32"), ("r", "b32", count)), min_sm=90, targets=TARGETS)
+             for count in (2, 4)}
+_PACK = {"bf16": _F32_TO_BF16X2, "f16": _F32_TO_F16X2}
 
 
 def _epilogue_tile(op, acc, tile, tmap, row0, col0):
@@ -739,15 +805,34 @@ def wgmma_store(typingctx, acc, tile, tmap, row0, col0):
     stack of boxes side by side along the columns, a 3-D tile ``(groups, rows, box_columns)``. ``col0`` is a
     multiple of ``W`` (a run-time value selects the chunk with a switch; the registers stay static).
 
-    Each thread stores pairs of adjacent columns: ``st.shared.b32`` of a packed ``cvt.rn.bf16x2.f32`` /
-    ``cvt.rn.f16x2.f32``, or an 8-byte pair of float32; with a 128-byte swizzle a warp's stores hit distinct
-    banks. The block is 1-D (the thread's warpgroup index is ``threadIdx.x % 128``). The caller guarantees:
-    ``acc`` was returned by the covering wait; the threads then fence (``fence_proxy_async_shared_cta()``)
-    and synchronise before one thread TMA-stores the boxes."""
+    16-bit tiles: each warp converts pairs of adjacent columns (``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32``)
+    and writes them with ``stmatrix.sync.aligned.m8n8.x4.shared.b16`` - four 8 x 8 blocks per instruction, each
+    lane giving one 16-byte row address (swizzled); float32 tiles: an 8-byte ``st.shared.v2.f32`` per column
+    pair (with a 128-byte swizzle a warp's stores hit distinct banks). All threads of each warp call it together
+    with the same ``row0`` / ``col0`` (``stmatrix`` is warp-collective). The block is 1-D (the thread's
+    warpgroup index is ``threadIdx.x % 128``). The caller guarantees: ``acc`` was returned by the covering
+    wait; the threads then fence (``fence_proxy_async_shared_cta()``) and synchronise before one thread
+    TMA-stores the boxes."""
     geo = _epilogue_tile("wgmma_store", acc, tile, tmap, row0, col0)
     width, convert = geo["width"], geo["convert"]
 
     def codegen(context, builder, sig, args):
+        if geo["itemsize"] == 2:
+            lanes = _stmatrix_lanes(context, builder, sig, args, geo)
+
+            def emit16(_, chunk):
+                blocks = width // 8
+                for j in range(0, blocks, 2):  # blocks j, j + 1 of the chunk: fragment blocks chunk * blocks + j..
+                    first = chunk * blocks + j
+                    count = 4 if j + 1 < blocks else 2
+                    regs = [convert.emit(builder, hi=builder.extract_value(args[0], 4 * first + 2 * r + 1),
+                                         lo=builder.extract_value(args[0], 4 * first + 2 * r))
+                            for r in range(count)]
+                    _STMATRIX[count].emit(builder, addr=_stmatrix_address(builder, geo, lanes, 8 * j), r=regs)
+
+            _chunked(context, builder, sig, args, 4, acc.n, width, emit16, None)
+            return context.get_dummy_value()
+
         base, col_lane, halves = _chunk_addresses(context, builder, sig, args, geo)
 
         def emit(_, chunk):
@@ -757,19 +842,48 @@ def wgmma_store(typingctx, acc, tile, tmap, row0, col0):
                     i = 4 * block + 2 * half
                     lo, hi = builder.extract_value(args[0], i), builder.extract_value(args[0], i + 1)
                     ptr = _pair_pointer(builder, geo, base, col_lane, halves, 8 * j, half)
-                    if convert is None:
-                        vec = ir.VectorType(ir.FloatType(), 2)
-                        v = builder.insert_element(builder.insert_element(ir.Constant(vec, None), lo,
-                                                                          ir.Constant(I32, 0)), hi, ir.Constant(I32, 1))
-                        builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=8)
-                    else:
-                        builder.store(convert.emit(builder, hi=hi, lo=lo), builder.bitcast(ptr, I32.as_pointer()),
-                                      align=4)
+                    vec = ir.VectorType(ir.FloatType(), 2)
+                    v = builder.insert_element(builder.insert_element(ir.Constant(vec, None), lo,
+                                                                      ir.Constant(I32, 0)), hi, ir.Constant(I32, 1))
+                    builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=8)
 
         _chunked(context, builder, sig, args, 4, acc.n, width, emit, None)
         return context.get_dummy_value()
 
     return types.void(acc, tile, tmap, row0, col0), codegen
+
+
+def _stmatrix_lanes(context, builder, sig, args, geo):
+    """What ``stmatrix`` needs per lane for the tile ``args[1]``: (shared-window base address, byte offset of the
+    lane's row, its swizzle XOR, which of the two 8-column blocks its address is for). Lane ``l`` addresses row
+    ``l % 8`` of matrix ``m = l // 8``: matrices 0/1 are rows 0-7 / 8-15 of the warp's 16 rows in the first
+    block, 2/3 the same rows of the next block (the order of the registers: the accumulator's)."""
+    c = lambda v: ir.Constant(I32, v)  # noqa: E731
+    base = shared_address(context, builder, sig.args[1], args[1])
+    tid = builder.urem(_THREAD_X.emit(builder), c(128))
+    warp, lane = builder.udiv(tid, c(32)), builder.urem(tid, c(32))
+    m = builder.udiv(lane, c(8))
+    r0 = context.cast(builder, args[3], sig.args[3], types.int32)
+    row = builder.add(builder.add(r0, builder.mul(warp, c(16))),
+                      builder.add(builder.urem(lane, c(8)), builder.mul(builder.urem(m, c(2)), c(8))))
+    pitch = geo["box_cols"] * geo["itemsize"]
+    row_bytes = builder.mul(row, c(pitch))
+    xor = builder.shl(builder.and_(builder.lshr(row_bytes, c(7)), c(geo["span"] // 16 - 1)), c(4)) \
+        if geo["span"] else c(0)
+    return base, row_bytes, xor, builder.udiv(m, c(2))
+
+
+def _stmatrix_address(builder, geo, lanes, chunk_col):
+    """The lane's row address for the block pair starting at chunk column ``chunk_col`` (a multiple of 16)."""
+    c = lambda v: ir.Constant(I32, v)  # noqa: E731
+    base, row_bytes, xor, second = lanes
+    col = builder.add(c(chunk_col), builder.mul(second, c(8)))  # elements from the chunk's first column
+    box_cols, itemsize = geo["box_cols"], geo["itemsize"]
+    group = builder.udiv(col, c(box_cols))
+    in_box = builder.mul(builder.urem(col, c(box_cols)), c(itemsize))
+    off = builder.add(builder.mul(group, c(geo["box_rows"] * box_cols * itemsize)),
+                      builder.add(row_bytes, builder.xor(in_box, xor)))
+    return builder.add(base, off)
 
 
 @device_op(simulate=lambda acc, tile, tmap, row0, col0, beta: _sim_add_tile(acc, tile, tmap, row0, col0, beta))
@@ -817,6 +931,177 @@ def wgmma_add_tile(typingctx, acc, tile, tmap, row0, col0, beta):
     return acc(acc, tile, tmap, row0, col0, beta), codegen
 
 
+# -- accumulator helpers: A fragments, global stores, bias ---------------------------------------------------------
+def _f32_accumulator(op, acc):
+    if not isinstance(acc, WgmmaAccumulatorType) or acc.dtype != "f32":
+        fail(op, f"expected a float32 wgmma accumulator (wgmma_zeros), got {acc}")
+
+
+@device_op(prefer_literal=True, simulate=lambda acc, kind: _sim_a_fragments(acc, kind))
+def wgmma_a_fragments(typingctx, acc, kind):
+    """The float32 m64nN accumulator ``acc`` as ``N / 16`` register A fragments of a following K = 16 wgmma:
+    a tuple whose item ``k`` (four uint32) holds columns ``16 k .. 16 k + 15`` rounded to ``kind`` (``"bf16"``
+    or ``"f16"``, a constant) - ``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32`` of register pairs, no data movement:
+    the accumulator layout of those columns is the A fragment layout of the PTX ISA ("WGMMA .m64nNk16 register
+    fragment layout for matrix A"). ``O = P @ V`` after ``P = Q @ Kᵀ``::
+
+        p = wgmma_a_fragments(s_acc, "bf16")                   # s_acc: m64n64, returned by the wait
+        o_acc, p = wgmma_fence((o_acc, p))
+        for k in range(4):
+            o_acc = wgmma(o_acc, p[k], wgmma_desc(v_tile, v_map, "MN", 0, 16 * k), 1)
+
+    The following wgmma must use a B of the same ``kind`` (the registers carry no type)."""
+    op = "wgmma_a_fragments"
+    _f32_accumulator(op, acc)
+    kind_value = _literal_string(op, "kind", kind, ("bf16", "f16"))
+    if acc.n % 16:
+        fail(op, f"the accumulator is m64n{acc.n}; an A fragment is 16 columns (one k-step of 16), so N must be a "
+                 f"multiple of 16")
+    frag = types.UniTuple(types.uint32, 4)
+    result = types.UniTuple(frag, acc.n // 16)
+    pack = _PACK[kind_value]
+
+    def codegen(context, builder, sig, args):
+        out = ir.Constant(context.get_value_type(result), None)
+        for k in range(acc.n // 16):
+            f = ir.Constant(context.get_value_type(frag), None)
+            for j in range(4):  # register j: row g + 8 (j % 2), columns 2 q + 8 (j // 2) + {0, 1} of the k-step
+                i = 8 * k + 2 * j
+                word = pack.emit(builder, hi=builder.extract_value(args[0], i + 1),
+                                 lo=builder.extract_value(args[0], i))
+                f = builder.insert_value(f, word, j)
+            out = builder.insert_value(out, f, k)
+        return out
+
+    return result(acc, kind), codegen
+
+
+def _fragment_pairs(builder, acc, value, block, half):
+    """The two elements (columns ``8 block + 2 q`` and ``+1`` of row half ``half``) of a thread's fragment:
+    float32 values, or (f16 accumulators) float16 values."""
+    if acc.dtype == "f32":
+        i = 4 * block + 2 * half
+        return builder.extract_value(value, i), builder.extract_value(value, i + 1)
+    word = builder.extract_value(value, 2 * block + half)
+    i16, f16 = ir.IntType(16), ir.HalfType()
+    return (builder.bitcast(builder.trunc(word, i16), f16),
+            builder.bitcast(builder.trunc(builder.lshr(word, ir.Constant(I32, 16)), i16), f16))
+
+
+@device_op(simulate=lambda acc, array, row0, col0: _sim_store_global(acc, array, row0, col0))
+def wgmma_store_global(typingctx, acc, array, row0, col0):
+    """Write the m64nN accumulator ``acc`` (float32 or float16) to the 2-D array ``array`` (global memory,
+    any strides) at rows ``row0 ..``, columns ``col0 ..``: element (r, c) of the tile goes to
+    ``array[row0 + r, col0 + c]`` when that lies inside the array and is skipped otherwise (each element is
+    bounds-checked: any M, N, tile origins at the edges or past them). ``array``'s elements: float32, float16 or
+    uint16 (bfloat16 bits), converted with round-to-nearest-even (``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32``).
+    Plain ``st.global`` of single elements - the simple way out of registers; a TMA store of a tile filled by
+    :func:`wgmma_store` moves large tiles faster. Call after the covering wait; 1-D blocks (the thread's
+    warpgroup index is ``threadIdx.x % 128``)."""
+    op = "wgmma_store_global"
+    if not isinstance(acc, WgmmaAccumulatorType):
+        fail(op, f"expected a wgmma accumulator (wgmma_zeros / wgmma_zeros_f16), got {acc}")
+    if not isinstance(array, types.Array) or array.ndim != 2:
+        fail(op, f"the destination must be a 2-D array, got {array}")
+    if not array.mutable:
+        fail(op, f"the destination {array} is read-only")
+    if array.dtype not in (types.float32, types.float16, types.uint16):
+        fail(op, f"the destination holds {array.dtype}; the accumulator converts to float32, float16 or uint16 "
+                 f"(bfloat16 bits)")
+    require_int(op, "row0", row0)
+    require_int(op, "col0", col0)
+    dst = array.dtype
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda import cgutils
+
+        i64 = ir.IntType(64)
+        c = lambda v: ir.Constant(i64, v)  # noqa: E731
+        aryty = sig.args[1]
+        ary = context.make_array(aryty)(context, builder, args[1])
+        shape = cgutils.unpack_tuple(builder, ary.shape, 2)
+        strides = cgutils.unpack_tuple(builder, ary.strides, 2)
+        tid = builder.zext(builder.urem(_THREAD_X.emit(builder), ir.Constant(I32, 128)), i64)
+        lane = builder.urem(tid, c(32))
+        r_base = builder.add(context.cast(builder, args[2], sig.args[2], types.int64),
+                             builder.add(builder.mul(builder.udiv(tid, c(32)), c(16)), builder.udiv(lane, c(4))))
+        c_base = builder.add(context.cast(builder, args[3], sig.args[3], types.int64),
+                             builder.mul(builder.urem(lane, c(4)), c(2)))
+        f32, f16, i16 = ir.FloatType(), ir.HalfType(), ir.IntType(16)
+        for block in range(acc.n // 8):
+            for half in (0, 1):
+                row = builder.add(r_base, c(8 * half))
+                row_ok = builder.icmp_unsigned("<", row, shape[0])  # (negative rows wrap to huge: skipped)
+                pair = _fragment_pairs(builder, acc, args[0], block, half)
+                if dst == types.float32:
+                    values = [v if v.type == f32 else builder.fpext(v, f32) for v in pair]
+                elif dst == types.float16 and acc.dtype == "f16":
+                    values = list(pair)
+                else:
+                    lo, hi = [v if v.type == f32 else builder.fpext(v, f32) for v in pair]
+                    word = _PACK["f16" if dst == types.float16 else "bf16"].emit(builder, hi=hi, lo=lo)
+                    values = [builder.trunc(word, i16), builder.trunc(builder.lshr(word, ir.Constant(I32, 16)), i16)]
+                    if dst == types.float16:
+                        values = [builder.bitcast(v, f16) for v in values]
+                for e in (0, 1):
+                    col = builder.add(c_base, c(8 * block + e))
+                    ok = builder.and_(row_ok, builder.icmp_unsigned("<", col, shape[1]))
+                    with cgutils.if_likely(builder, ok):
+                        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=shape,
+                                                        strides=strides, layout=aryty.layout, inds=[row, col])
+                        builder.store(_as(builder, values[e], ptr.type.pointee), ptr)  # (float16: i16 in arrays)
+        return context.get_dummy_value()
+
+    return types.void(acc, array, row0, col0), codegen
+
+
+@device_op(simulate=lambda acc, bias, col0: _sim_add_bias(acc, bias, col0))
+def wgmma_add_bias(typingctx, acc, bias, col0):
+    """``acc[r, c] += bias[col0 + c]`` for every element of the float32 m64nN accumulator (FADDs in registers):
+    ``bias`` is a 1-D float32 array in global or shared memory; columns whose ``col0 + c`` lies outside it
+    add nothing (each of the thread's N / 4 bias reads is bounds-checked). Returns the accumulator; call it
+    after the covering wait and fence (``wgmma_fence``) before a later wgmma accumulates into the result."""
+    op = "wgmma_add_bias"
+    _f32_accumulator(op, acc)
+    if not isinstance(bias, types.Array) or bias.ndim != 1 or bias.dtype != types.float32:
+        fail(op, f"bias must be a 1-D float32 array (global or shared memory), got {bias}")
+    require_int(op, "col0", col0)
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda import cgutils
+
+        i64 = ir.IntType(64)
+        c = lambda v: ir.Constant(i64, v)  # noqa: E731
+        aryty = sig.args[1]
+        ary = context.make_array(aryty)(context, builder, args[1])
+        (length,) = cgutils.unpack_tuple(builder, ary.shape, 1)
+        (stride,) = cgutils.unpack_tuple(builder, ary.strides, 1)
+        lane = builder.zext(builder.urem(_THREAD_X.emit(builder), ir.Constant(I32, 32)), i64)
+        c_base = builder.add(context.cast(builder, args[2], sig.args[2], types.int64),
+                             builder.mul(builder.urem(lane, c(4)), c(2)))
+        f32 = ir.FloatType()
+        out = args[0]
+        for block in range(acc.n // 8):
+            for e in (0, 1):
+                col = builder.add(c_base, c(8 * block + e))
+                ok = builder.icmp_unsigned("<", col, length)
+                before = builder.block
+                with builder.if_then(ok, likely=True):
+                    ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=[length],
+                                                    strides=[stride], layout=aryty.layout, inds=[col])
+                    loaded = builder.load(ptr)
+                    inside = builder.block
+                value = builder.phi(f32)
+                value.add_incoming(loaded, inside)
+                value.add_incoming(ir.Constant(f32, 0.0), before)
+                for half in (0, 1):
+                    i = 4 * block + 2 * half + e
+                    out = builder.insert_value(out, builder.fadd(builder.extract_value(out, i), value), i)
+        return out
+
+    return acc(acc, bias, col0), codegen
+
+
 PTX = {
     **{f"wgmma(m64n{n}, {d}, {a}x{b}, A from {src})": p for (n, d, a, b, src), p in MMA.items()},
     **{f"wgmma_fence({count} {reg})": fence_ptx(reg, count) for reg, count in _ACC_SHAPES},
@@ -824,6 +1109,9 @@ PTX = {
     "wgmma_commit_group": COMMIT,
     "wgmma_store(bf16 pack)": _F32_TO_BF16X2,
     "wgmma_store(f16 pack)": _F32_TO_F16X2,
+    "wgmma_store(stmatrix x4)": _STMATRIX[4],
+    "wgmma_store(stmatrix x2)": _STMATRIX[2],
+    "wgmma_store(thread index)": _THREAD_X,
 }
 
 
@@ -882,19 +1170,39 @@ def _sim_zeros(n, dtype):
 
 
 def _sim_scale(acc, alpha):
+    if not isinstance(acc, SimAccumulator) or acc.dtype != "f32":
+        raise sim().SimulatedMisuse("wgmma_scale: expected a float32 wgmma accumulator")
     acc._ready("wgmma_scale reads")
     return acc.copy(values=(acc.values * np.float32(alpha)).astype(np.float32), fenced=False)
 
 
+class SimFragment(tuple):
+    """Register A fragment under the simulator (four np.uint32) made by :func:`wgmma_a_fragments`: ``kind`` (what
+    its halves hold), ``epoch`` (the thread's wgmma_fence count when it was written) and ``site``."""
+
+    def __new__(cls, values, kind, epoch, site):
+        out = super().__new__(cls, values)
+        out.kind, out.epoch, out.site = kind, epoch, site
+        return out
+
+
+def _fences(me):
+    return me.__dict__.get("_numbatma_wgmma_fences", 0)
+
+
 def _sim_fence(acc):
     sim().group_exchange("wgmma_fence", 128, None)
+    me, _ = _sim_me()
+    me._numbatma_wgmma_fences = _fences(me) + 1  # (orders every register written before it)
     return _fenced(acc)
 
 
 def _fenced(acc):
-    if isinstance(acc, tuple):
+    if isinstance(acc, SimAccumulator):
+        return acc.copy(fenced=True)
+    if isinstance(acc, tuple) and not isinstance(acc, SimFragment):
         return tuple(_fenced(a) for a in acc)
-    return acc.copy(fenced=True)
+    return acc  # register A fragments (the fence count says they were fenced), plain values
 
 
 def _sim_desc(tile, tmap, major, mn, k):
@@ -902,6 +1210,15 @@ def _sim_desc(tile, tmap, major, mn, k):
         raise sim().SimulatedMisuse(f"wgmma_desc: {message}")
 
     layout = operand_layout(error, np.shape(tile), np.asarray(tile).dtype.itemsize, tmap, str(major))
+    repeat = 8 * layout.swizzle if layout.swizzle else 16
+    offset = _shared_offset(tile)
+    if offset % repeat:
+        error(f"the tile starts {offset} bytes into its shared allocation, not on a multiple of {repeat} bytes: the "
+              + (f"descriptor's {layout.swizzle}-byte swizzle repeats every {repeat} bytes (8 rows) from the start "
+                 f"of the tile (TMA swizzles by shared address bits, wgmma from the descriptor's start), so the "
+                 f"two would disagree; declare the tile with alignment=tmap.shared_alignment and carve views at "
+                 f"multiples of {repeat} bytes" if layout.swizzle else
+                 "matrix descriptors address shared memory in 16-byte units"))
     kstep = KINDS[layout.kind][0]
     mn_step = 8 if layout.major == "K" else layout.width
     mn, k = int(mn), int(k)
@@ -912,6 +1229,16 @@ def _sim_desc(tile, tmap, major, mn, k):
         error(f"k must be a non-negative multiple of {kstep} with a whole k-step inside the operand's K extent "
               f"{layout.k_extent}, got {k}")
     return SimOperand(tile, layout, mn, k, sim().caller_site())
+
+
+def _shared_offset(tile):
+    """Byte offset of a simulated shared tile from the start of its allocation (its root NumPy buffer: the
+    allocation is aligned as declared on the GPU)."""
+    a = np.asarray(tile)
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return int(a.__array_interface__["data"][0]) - int(root.__array_interface__["data"][0])
 
 
 def _element_values(raw, kind):
@@ -957,11 +1284,39 @@ def _operand_matrix(operand, rows):
     return full[operand.mn:operand.mn + rows, operand.k:operand.k + kstep]
 
 
+def _is_fragment_value(a):
+    return isinstance(a, (tuple, list, np.ndarray)) and not isinstance(a, SimOperand) and len(a) == 4
+
+
+def _register_a_matrix(contributions, kind):
+    """The 64 x K A tile (float64 values) from the 128 threads' register fragments (PTX ISA, "WGMMA .m64nNk16 /
+    .m64nNk8 register fragment layout for matrix A"): thread t (warp w = t // 32, g = lane // 4, q = lane % 4)
+    holds in register j row 16 w + g + 8 (j % 2); columns 2 q + 8 (j // 2) and +1 (bf16/f16: low half
+    first), or column q + 4 (j // 2) (tf32)."""
+    regs = np.array([[int(x) & 0xFFFFFFFF for x in c] for c in contributions], dtype=np.uint64).astype(np.uint32)
+    t = np.arange(128)
+    w, lane = t // 32, t % 32
+    g, q = lane // 4, lane % 4
+    k = KINDS[kind][0]
+    out = np.zeros((64, k))
+    for j in range(4):
+        row = 16 * w + g + 8 * (j % 2)
+        if kind == "tf32":
+            out[row, q + 4 * (j // 2)] = _element_values(regs[:, j], kind)
+        else:
+            col = 2 * q + 8 * (j // 2)
+            out[row, col] = _element_values(regs[:, j] & 0xFFFF, kind)
+            out[row, col + 1] = _element_values(regs[:, j] >> 16, kind)
+    return out
+
+
 def _sim_mma(acc, a, b, scale_d):
     s = sim()
     me, t = _sim_me()
     site = s.caller_site()
-    s.group_exchange("wgmma", 128, None)  # .sync.aligned: the warpgroup issues it together
+    register_a = _is_fragment_value(a)
+    # .sync.aligned: the warpgroup issues it together (and register A is the warpgroup's 128 fragments)
+    contributions = s.group_exchange("wgmma", 128, tuple(a) if register_a else None)
     if not isinstance(acc, SimAccumulator):
         raise s.SimulatedMisuse(f"wgmma: the accumulator must come from wgmma_zeros (got {type(acc).__name__})")
     if not isinstance(b, SimOperand):
@@ -971,14 +1326,42 @@ def _sim_mma(acc, a, b, scale_d):
             f"wgmma at {site[0]}:{site[1]} accumulates into registers that other instructions wrote (wgmma_zeros, "
             f"wgmma_scale, ...) with no wgmma_fence(acc) in between: on the GPU the tensor cores may read the old "
             f"values. Pass acc through wgmma_fence first")
-    if not isinstance(a, SimOperand):
-        raise NotImplementedError("wgmma with A from registers has no simulator semantics yet; use a shared A")
-    akind, bkind = a.layout.kind, b.layout.kind
+    bkind = b.layout.kind
+    if register_a:
+        if any(c is None for c in contributions):
+            raise s.SimulatedMisuse(f"wgmma at {site[0]}:{site[1]}: some threads of the warpgroup pass A from "
+                                    f"registers, others a descriptor; all 128 must pass the same form")
+        if bkind in FP8:
+            raise s.SimulatedMisuse("wgmma: A from registers with a float8 B: four uint32 registers do not say "
+                                    "whether A is e4m3 or e5m2, so numbatma reads float8 A from shared memory only "
+                                    "(wgmma_desc)")
+        if isinstance(a, SimFragment):
+            if a.kind != bkind:
+                raise s.SimulatedMisuse(
+                    f"wgmma at {site[0]}:{site[1]}: the A fragments hold {a.kind} values (wgmma_a_fragments at "
+                    f"{a.site[0]}:{a.site[1]}) but B is {bkind}: the registers would be read as {bkind}")
+            if _fences(me) <= a.epoch:
+                raise s.SimulatedMisuse(
+                    f"wgmma at {site[0]}:{site[1]} reads A fragments written at {a.site[0]}:{a.site[1]} with no "
+                    f"wgmma_fence after them: on the GPU the tensor cores may read the registers before the "
+                    f"conversion lands. Call wgmma_fence (e.g. acc, frags = wgmma_fence((acc, frags))) in between")
+        akind = bkind
+        a_matrix = _register_a_matrix(contributions, akind)
+    else:
+        if not isinstance(a, SimOperand):
+            raise s.SimulatedMisuse(f"wgmma: A must be a wgmma_desc operand or a register fragment (four uint32), "
+                                    f"got {type(a).__name__}")
+        akind = a.layout.kind
+        if a.layout.mn_extent - a.mn < 64:
+            raise s.SimulatedMisuse(f"wgmma: the operands are smaller than m64n{acc.n}")
+        a_matrix = _operand_matrix(a, 64)
     if (akind in FP8) != (bkind in FP8) or (akind not in FP8 and akind != bkind):
         raise s.SimulatedMisuse(f"wgmma: A is {akind} but B is {bkind}")
-    if a.layout.mn_extent - a.mn < 64 or b.layout.mn_extent - b.mn < acc.n:
+    if acc.dtype == "f16" and akind not in ("f16",) + FP8:
+        raise s.SimulatedMisuse(f"wgmma: float16 accumulators take f16 or float8 operands, not {akind}")
+    if b.layout.mn_extent - b.mn < acc.n:
         raise s.SimulatedMisuse(f"wgmma: the operands are smaller than m64n{acc.n}")
-    product = _operand_matrix(a, 64) @ _operand_matrix(b, acc.n).T  # (64, N), float64
+    product = a_matrix @ _operand_matrix(b, acc.n).T  # (64, N), float64
     count, _ = accumulator_registers(acc.n, acc.dtype)
     i = np.arange(count)
     if acc.dtype == "f32":
@@ -992,8 +1375,9 @@ def _sim_mma(acc, a, b, scale_d):
         hi_old = (old >> 16).astype(np.uint16).view(np.float16).astype(np.float32)
         lo = (lo_old if scale_d else 0) + product[rows, cols]
         hi = (hi_old if scale_d else 0) + product[rows, cols + 1]
-        values = lo.astype(np.float16).view(np.uint16).astype(np.uint32) | \
-            (hi.astype(np.float16).view(np.uint16).astype(np.uint32) << 16)
+        with np.errstate(over="ignore"):
+            values = lo.astype(np.float16).view(np.uint16).astype(np.uint32) | \
+                (hi.astype(np.float16).view(np.uint16).astype(np.uint32) << 16)
     group = me.__dict__.get("_numbatma_wgmma_commits", 0)
     return acc.copy(values=np.asarray(values, acc.values.dtype), fenced=True, group=group, site=site)
 
@@ -1074,4 +1458,91 @@ def _sim_add_tile(acc, tile, tmap, row0, col0, beta):
         else:
             old = np.float32(raw)
         values[i] = np.float32(values[i] + np.float32(beta) * old)
+    return acc.copy(values=values, fenced=False)
+
+
+def _round_bits(x, kind):
+    """float32 values -> uint16 bits of bfloat16 / float16, rounded to nearest even; NaN -> 0x7FFF (what
+    ``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32`` give)."""
+    x = np.asarray(x, np.float32)
+    if kind == "f16":
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = x.astype(np.float16).view(np.uint16)
+    else:
+        b = x.view(np.uint32).astype(np.uint64)
+        out = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FFF), out)
+
+
+def _sim_a_fragments(acc, kind):
+    s = sim()
+    if not isinstance(acc, SimAccumulator) or acc.dtype != "f32":
+        raise s.SimulatedMisuse("wgmma_a_fragments: expected a float32 wgmma accumulator")
+    acc._ready("wgmma_a_fragments reads")
+    kind = str(kind)
+    if kind not in ("bf16", "f16"):
+        raise s.SimulatedMisuse(f"wgmma_a_fragments: kind must be 'bf16' or 'f16', got {kind!r}")
+    if acc.n % 16:
+        raise s.SimulatedMisuse(f"wgmma_a_fragments: the accumulator is m64n{acc.n}; N must be a multiple of 16")
+    bits = _round_bits(acc.values, kind).astype(np.uint32)
+    words = bits[0::2] | (bits[1::2] << 16)  # register pairs (2 i, 2 i + 1): low half the even column
+    me, _ = _sim_me()
+    site = s.caller_site()
+    return tuple(SimFragment(tuple(np.uint32(w) for w in words[4 * k:4 * k + 4]), kind, _fences(me), site)
+                 for k in range(acc.n // 16))
+
+
+def _thread_elements(acc):
+    """(row, column, float32 value) of every element of the thread's fragment."""
+    _, t = _sim_me()
+    if acc.dtype == "f32":
+        i = np.arange(acc.values.size)
+        rows, cols = wgmma_row_col(i, t)
+        return rows, cols, acc.values.astype(np.float32)
+    i = np.arange(acc.values.size)
+    rows, cols = wgmma_row_col(2 * i, t)
+    words = acc.values.astype(np.uint32)
+    lo = (words & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32)
+    hi = (words >> 16).astype(np.uint16).view(np.float16).astype(np.float32)
+    return np.concatenate([rows, rows]), np.concatenate([cols, cols + 1]), np.concatenate([lo, hi])
+
+
+def _sim_store_global(acc, array, row0, col0):
+    s = sim()
+    if not isinstance(acc, SimAccumulator):
+        raise s.SimulatedMisuse("wgmma_store_global: expected a wgmma accumulator")
+    acc._ready("wgmma_store_global reads")
+    shape = tuple(array.shape)
+    dtype = np.dtype(array.dtype)
+    if len(shape) != 2 or dtype not in (np.float32, np.float16, np.uint16):
+        raise s.SimulatedMisuse(f"wgmma_store_global: the destination must be a 2-D float32, float16 or uint16 "
+                                f"(bfloat16 bits) array, got {dtype} {shape}")
+    rows, cols, values = _thread_elements(acc)
+    rows, cols = rows + int(row0), cols + int(col0)
+    if dtype == np.uint16:
+        out = _round_bits(values, "bf16")
+    elif dtype == np.float16:
+        with np.errstate(over="ignore"):
+            out = values.astype(np.float16)
+    else:
+        out = values
+    for r, c, v in zip(rows, cols, out):
+        if 0 <= r < shape[0] and 0 <= c < shape[1]:
+            array[int(r), int(c)] = v
+
+
+def _sim_add_bias(acc, bias, col0):
+    s = sim()
+    if not isinstance(acc, SimAccumulator) or acc.dtype != "f32":
+        raise s.SimulatedMisuse("wgmma_add_bias: expected a float32 wgmma accumulator")
+    acc._ready("wgmma_add_bias reads")
+    if len(np.shape(bias)) != 1 or np.dtype(bias.dtype) != np.float32:
+        raise s.SimulatedMisuse("wgmma_add_bias: bias must be a 1-D float32 array")
+    _, t = _sim_me()
+    n = np.shape(bias)[0]
+    values = acc.values.copy()
+    for i in range(values.size):
+        c = int(col0) + int(wgmma_row_col(i, t)[1])
+        if 0 <= c < n:
+            values[i] = np.float32(values[i] + np.float32(bias[c]))
     return acc.copy(values=values, fenced=False)

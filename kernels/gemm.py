@@ -110,7 +110,8 @@ def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_speciali
     """The tile heuristic: the widest tile that still keeps the SMs busy - ``bn = 256`` (the widest wgmma, the
     most work per byte loaded) when N > 128 and there are 128 x 256 tiles for at least 3/4 of the SMs, else
     ``bn = 128`` when N > 64 and there are 128 x 128 tiles for at least half of them, else 64 (measured on an
-    H100: 1024^3 runs faster on 128 narrow tiles than on 64 wider ones); as many stages as shared memory
+    H100: 1024^3 runs faster on 128 narrow tiles than on 64 wider ones; 128 when ``cluster_m=2`` with B given as
+    (K, N), which needs an even number of 64-column boxes); as many stages as shared memory
     holds (at most 5) next to the epilogue's buffers."""
     if bn is None:
         sms = _launch.sm_count()
@@ -121,6 +122,8 @@ def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_speciali
             bn = 128
         else:
             bn = 64
+        if cluster_m == 2 and not b_nk and bn == 64:
+            bn = 128  # (K, N) boxes are 64 columns wide: the two CTAs of a cluster share an even number
     if bn % 64 or not 64 <= bn <= 256:
         raise TensorMapError(f"Gemm: the tile width bn must be 64, 128, 192 or 256, got {bn}")
     epilogue_cols = 128 // out_itemsize

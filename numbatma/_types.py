@@ -3,7 +3,7 @@
 * :class:`SharedArray` - the type numbatma gives ``cuda.shared.array(...)`` results, so TMA operations can
   insist at typing time that their shared-memory operand really is shared memory.
 * :class:`TensorMapType` - a TMA descriptor. Its key holds every compile-time fact (rank, dtype, box,
-  element strides, swizzle, interleave), so device code can use ``desc.box_bytes`` as a constant.
+  element strides, swizzle, interleave, float8 element), so device code can use ``desc.box_bytes`` as a constant.
   Inside a kernel the value is a generic pointer to the 128-byte ``CUtensorMap``; as a kernel parameter
   it is passed by value (``.param .align 128 .b8 p[128]``, ``__grid_constant__``).
 * :class:`TensorMapArrayType` - many descriptors of one layout in global memory.
@@ -84,8 +84,10 @@ class TensorMapType(types.Type):
     """
 
     def __init__(self, dtype, tma_dtype, box, element_strides, swizzle, interleave, store_overhang=0,
-                 allow_store_overhang=False):
+                 allow_store_overhang=False, element=None):
         self.dtype = dtype
+        # "e4m3" / "e5m2": float8 data (TMA moves the bytes as UINT8; wgmma reads them as this element)
+        self.element = element
         self.tma_dtype = tma_dtype
         self.box = tuple(int(b) for b in box)
         self.element_strides = tuple(int(e) for e in element_strides)
@@ -102,6 +104,8 @@ class TensorMapType(types.Type):
             extra += f", interleave={self.interleave}B"
         if tma_dtype.startswith("TFLOAT32"):
             extra += ", tf32"
+        if element is not None:
+            extra += f", {element}"
         if self.store_overhang:
             extra += f", rows end {self.store_overhang} bytes short of 16" + (
                 " (overhang allowed)" if self.allow_store_overhang else "")
@@ -110,7 +114,7 @@ class TensorMapType(types.Type):
     @property
     def key(self):
         return (self.dtype, self.tma_dtype, self.box, self.element_strides, self.swizzle, self.interleave,
-                self.store_overhang, self.allow_store_overhang)
+                self.store_overhang, self.allow_store_overhang, self.element)
 
     @property
     def rank(self):

@@ -88,6 +88,10 @@ _TMA_DTYPE = {
     "float64": "FLOAT64",
 }
 SUPPORTED_DTYPES = tuple(_TMA_DTYPE)
+# float8 data: TMA moves the bytes (UINT8); ``element`` (in the Numba type) tells wgmma how to read them.
+FP8_ELEMENTS = ("e4m3", "e5m2")
+_FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}  # ml_dtypes names (torch.float8_e4m3fn, ...)
+_FP8_NAMES = {v: k for k, v in _FP8_DTYPES.items()}
 _FLOAT_TMA_DTYPES = {"FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "TFLOAT32", "FLOAT32_FTZ", "TFLOAT32_FTZ"}
 
 _MAX_RANK = 5
@@ -154,7 +158,7 @@ class _LayoutArray:
     """A CUDA-array-interface view of an :class:`ArrayLayout` (same pointer, numbatma's strides)."""
 
     def __init__(self, layout):
-        typestr = layout.dtype.str if layout.dtype.kind != "V" else "<u2"  # bfloat16: the type is given
+        typestr = _bits_dtype(layout.dtype).str  # bfloat16 / float8: the bits (the type is given when encoding)
         self.__cuda_array_interface__ = {
             "shape": layout.shape,
             "strides": layout.strides,
@@ -187,8 +191,10 @@ class DeviceView:
 
 
 def _bits_dtype(dtype):
-    """bfloat16 (which numba kernels cannot take) as uint16: the same bits."""
-    return np.dtype("<u2") if dtype.name == "bfloat16" or dtype.kind == "V" else dtype
+    """bfloat16 / float8 (which numba kernels cannot take) as uint16 / uint8: the same bits."""
+    if dtype.name == "bfloat16" or dtype.kind == "V" or dtype.name in _FP8_DTYPES:
+        return np.dtype(f"<u{dtype.itemsize}")
+    return dtype
 
 
 def layout_view(layout, owner):
@@ -276,13 +282,25 @@ def array_layout(array) -> ArrayLayout:
     if hasattr(array, "__dlpack__"):
         from cuda.core.utils import StridedMemoryView
 
-        view = StridedMemoryView.from_any_interface(array, stream_ptr=-1)
+        try:
+            view = StridedMemoryView.from_any_interface(array, stream_ptr=-1)
+        except (TypeError, NotImplementedError, BufferError) as exc:  # e.g. torch float8: "Unsupported ... dtype"
+            raise TensorMapError(
+                f"TensorMap: the {type(array).__name__} cannot be described through DLPack ({exc}). For float8 "
+                f"data pass its bytes (e.g. tensor.view(torch.uint8)) with element='e4m3' or 'e5m2'."
+            ) from None
         if not view.is_device_accessible:
             raise TensorMapError(
                 f"TensorMap: the {type(array).__name__} lives in host memory; TMA reads and writes device "
                 f"memory. Copy it to the GPU first (e.g. numba.cuda.to_device, cupy.asarray, tensor.cuda())."
             )
-        dtype = np.dtype(view.dtype)
+        try:
+            dtype = np.dtype(view.dtype)
+        except Exception as exc:  # e.g. a float8 tensor without ml_dtypes to name its type
+            raise TensorMapError(
+                f"TensorMap: the element type of the {type(array).__name__} cannot be read through DLPack ({exc}). "
+                f"For float8 data pass its bytes (e.g. tensor.view(torch.uint8)) with element='e4m3' or 'e5m2'."
+            ) from None
         shape = tuple(int(s) for s in view.shape)
         if view.strides is None:
             strides = _c_strides(shape, dtype.itemsize)
@@ -356,6 +374,9 @@ class TensorMap:
       * ``element_strides``: per-axis traversal step in 1..8 (loads every k-th element).
       * ``interleave``: :class:`Interleave` for interleaved layouts (rank >= 3).
       * ``tf32``: encode a float32 array as TFLOAT32 (values rounded to tf32 on load).
+      * ``element``: ``"e4m3"`` or ``"e5m2"`` for float8 data held in a 1-byte array (uint8/int8 holding the
+        float8 bits, or a float8_e4m3fn / float8_e5m2 array, whose element is then implied). TMA moves the
+        bytes (UINT8); the element is part of the kernel type, so ``wgmma_desc`` reads the tile as float8.
       * ``allow_store_overhang``: only for a store/reduce target whose rows are not a whole number of
         16-byte units (:attr:`store_overhang` > 0). A TMA store writes whole 16-byte units, so a box that
         reaches a row's end also writes the bytes up to the next 16-byte boundary, *outside* the array
@@ -380,6 +401,7 @@ class TensorMap:
         interleave=Interleave.NONE,
         tf32=False,
         allow_store_overhang=False,
+        element=None,
     ):
         layout = array_layout(array)
         self.swizzle = _coerce_enum(Swizzle, swizzle, "swizzle")
@@ -406,8 +428,9 @@ class TensorMap:
             if element_strides is None
             else _as_tuple("element_strides", element_strides, rank, layout.name)
         )
+        self.element = _fp8_element(layout, element)
         self.tma_dtype = _validate(layout, self.box, self.element_strides, self.swizzle, self.oob_fill,
-                                   self.interleave, self.tf32)
+                                   self.interleave, self.tf32, self.element)
         self._layout = layout
         self._array = array
         self._numba_type = None
@@ -447,7 +470,7 @@ class TensorMap:
             nb_dtype = _numba_dtype(self.dtype)
             self._numba_type = TensorMapType(
                 nb_dtype, self.tma_dtype, self.box, self.element_strides, int(self.swizzle), int(self.interleave),
-                self.store_overhang, self.allow_store_overhang,
+                self.store_overhang, self.allow_store_overhang, self.element,
             )
         return self._numba_type
 
@@ -621,7 +644,7 @@ def _numba_dtype(dtype):
     if dtype.name == "bfloat16":
         # Shared tiles of bfloat16 data are declared with a 16-bit integer dtype in Numba kernels.
         return types.uint16
-    if dtype.name == "bool":
+    if dtype.name == "bool" or dtype.itemsize == 1 and dtype.kind in "Vf":  # (float8: its bits)
         return types.uint8
     return getattr(types, dtype.name)
 
@@ -682,7 +705,28 @@ def tile_footprint(box, element_strides, itemsize, swizzle):
     return counts, delivered
 
 
-def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32):
+def _fp8_element(layout, element):
+    """The float8 element ("e4m3" / "e5m2") of a TensorMap, or None: given, or implied by a float8 array."""
+    dtype = layout.dtype
+    implied = _FP8_DTYPES.get(dtype.name)
+    if element is None:
+        return implied
+    if element not in FP8_ELEMENTS:
+        raise TensorMapError(f"TensorMap: element must be 'e4m3' or 'e5m2' (float8 data for wgmma) or None, got "
+                             f"{element!r}.")
+    if implied is not None and implied != element:
+        raise TensorMapError(f"TensorMap: element={element!r} but the {layout.name} holds {dtype.name} "
+                             f"({implied}) values; leave element out (the array's float8 type is used) or pass "
+                             f"element={implied!r}.")
+    if implied is None and not (dtype.itemsize == 1 and dtype.kind in "uiV"):
+        raise TensorMapError(f"TensorMap: element={element!r} describes float8 data, one byte per element: the "
+                             f"array must hold the float8 bits as uint8 or int8 (or be a float8 array), but the "
+                             f"{layout.name} has {dtype.itemsize}-byte {dtype.name} elements. Convert the values to "
+                             f"{_FP8_NAMES[element]} first and pass that array (or its bytes viewed as uint8).")
+    return element
+
+
+def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32, element=None):
     """Check every documented cuTensorMapEncodeTiled rule; return the driver data type name."""
     name = layout.name
     rank = len(layout.shape)
@@ -690,6 +734,8 @@ def _validate(layout, box, element_strides, swizzle, oob_fill, interleave, tf32)
     if not 1 <= rank <= _MAX_RANK:
         raise TensorMapError(f"TensorMap: the {name} has rank {rank}; TMA descriptors describe rank 1 to 5.")
     tma_dtype = _TMA_DTYPE.get(dtype.name)
+    if tma_dtype is None and (element is not None or dtype.name in _FP8_DTYPES):
+        tma_dtype = "UINT8"  # float8 bytes (the Hopper TMA has no float8 type: it moves bits)
     if tma_dtype is None:
         raise TensorMapError(
             f"TensorMap: dtype {dtype.name} of the {name} has no TMA data type. Supported dtypes: "

@@ -42,6 +42,8 @@ def test_tile_heuristic():
     assert config(2048, 2048, 2048, 2).bn == 256  # 128 tiles of 128 x 256 for 132 SMs
     assert config(257, 4096, 1000, 2).bn == 128  # 48 tiles of 128 x 256 would leave most SMs idle; 96 of 128
     assert config(1024, 1024, 1024, 2).bn == 64  # 128 tiles of 128 x 64 rather than 64 of 128 x 128
+    assert config(1024, 1024, 1024, 2, cluster_m=2, b_nk=False).bn == 128  # (K, N): an even number of boxes
+    assert config(1024, 1024, 1024, 2, cluster_m=2).bn == 64  # (N, K) tiles split in row halves
     assert config(16384, 128, 512, 2).bn == 128  # N fits one tile of 128
     assert config(8192, 64, 512, 2).bn == 64
     assert config(8192, 8192, 8192, 2, bn=128).stages == 5  # (at most 5)
