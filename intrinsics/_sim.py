@@ -536,6 +536,7 @@ class _Fill:
     def __init__(self, lo, hi, what, completions):
         self.lo, self.hi, self.what, self.completions = lo, hi, what, completions
         self.alive = True
+        self.swizzle = None  # a TMA tile load: the swizzle span (bytes, 0 = none) it wrote the bytes with
 
     def visible(self, seen):
         return any(seen.get(key, 0) > phase for key, phase in self.completions)
@@ -912,8 +913,18 @@ def tma_load(dst, desc, coords, bar):
     with _lock:
         b, phase = mbarrier_complete_tx(bar, raw.size)
         lo, hi = bounds(out)
-        _add_fill(lo, hi, f"the tile the TMA load at {site[0]}:{site[1]} fills (coordinates {coords})",
-                  [(b, phase)])
+        fill_record = _add_fill(lo, hi, f"the tile the TMA load at {site[0]}:{site[1]} fills (coordinates {coords})",
+                                [(b, phase)])
+        fill_record.swizzle = int(desc.swizzle)
+
+
+def tile_load_swizzles(array):
+    """The TMA loads whose bytes ``array`` (a shared tile) currently holds: [(swizzle span, description)], for
+    readers that interpret the bytes through a swizzle of their own (wgmma descriptors)."""
+    lo, hi = bounds(array)
+    with _lock:
+        return [(f.swizzle, f.what) for f in _fills_over(block_state(), lo, hi)
+                if f.alive and f.swizzle is not None and f.lo < hi and lo < f.hi]
 
 
 def tma_store(desc, coords, src_tile, op="tma_store", combine=None):

@@ -1219,6 +1219,12 @@ def _sim_desc(tile, tmap, major, mn, k):
                  f"two would disagree; declare the tile with alignment=tmap.shared_alignment and carve views at "
                  f"multiples of {repeat} bytes" if layout.swizzle else
                  "matrix descriptors address shared memory in 16-byte units"))
+    for written, what in sim().tile_load_swizzles(tile):
+        if written != (layout.swizzle or 0):
+            error(f"the descriptor reads the tile {_describe_tile(tile)} with "
+                  f"{_swizzle_words(layout.swizzle)} (from the TensorMap passed to wgmma_desc), but {what} wrote it "
+                  f"with {_swizzle_words(written)}: the descriptor's bits disagree with the tile's real layout and "
+                  f"wgmma would read scrambled rows. Pass the TensorMap that loaded the tile")
     kstep = KINDS[layout.kind][0]
     mn_step = 8 if layout.major == "K" else layout.width
     mn, k = int(mn), int(k)
@@ -1229,6 +1235,21 @@ def _sim_desc(tile, tmap, major, mn, k):
         error(f"k must be a non-negative multiple of {kstep} with a whole k-step inside the operand's K extent "
               f"{layout.k_extent}, got {k}")
     return SimOperand(tile, layout, mn, k, sim().caller_site())
+
+
+def _describe_tile(tile):
+    """``(64, 64) bfloat16 tile at byte 8192 of its shared allocation, given at kernel.py:12 (`...`)``."""
+    import linecache
+
+    a = np.asarray(tile)
+    site = sim().caller_site()
+    line = linecache.getline(site[0], site[1]).strip()
+    return (f"{a.shape} {a.dtype} at byte {_shared_offset(tile)} of its shared allocation, given at "
+            f"{site[0]}:{site[1]}" + (f" (`{line}`)" if line else ""))
+
+
+def _swizzle_words(span):
+    return f"a {span}-byte swizzle" if span else "no swizzle"
 
 
 def _shared_offset(tile):

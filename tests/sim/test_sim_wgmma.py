@@ -188,3 +188,38 @@ def test_the_fenced_fragments_work():
     ref = p @ b64[:, :16].T
     # (a float32 P a rounding away from a bf16 tie may round the other way: 2^-8 of the terms)
     K.assert_close(out, ref, 2.0 ** -8 * (np.abs(p) @ np.abs(b64[:, :16].T)) + 1e-6, "P @ B")
+
+
+def test_descriptor_swizzle_that_disagrees_with_the_load_is_reported():
+    """B loaded through a TensorMap with a 32-byte swizzle (16-element box rows), described for wgmma through one with
+    a 64-byte swizzle: the descriptor's swizzle bits disagree with how the bytes were written. The simulator names
+    the tile, both swizzles and the load."""
+    a_map, b_map, out = _inputs()
+    b, _ = K.random_operand(RNG, (16, 32), "bf16")
+    b32_map = K.tensormap(cuda.to_device(b), "bf16", (16, 16), 32)
+
+    @cuda.jit
+    def kernel(a_map, b_map, b32_map, out):
+        at = cuda.shared.array((64, 32), np.uint16, alignment=1024)
+        bt = cuda.shared.array((16, 32), np.uint16, alignment=1024)
+        bar = cuda.shared.array(1, np.uint64)
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            mbarrier_init(bar, 1)
+            fence_mbarrier_init()
+            mbarrier_arrive_expect_tx(bar, a_map.box_bytes + 2 * b32_map.box_bytes)
+            tma_load(at, a_map, (0, 0), bar)
+            tma_load(shared_view(bt, 0, (16, 16)), b32_map, (0, 0), bar)
+            tma_load(shared_view(bt, 16 * 16, (16, 16)), b32_map, (0, 16), bar)
+        cuda.syncthreads()
+        mbarrier_wait_parity(bar, 0)
+        acc = wgmma(wgmma_fence(wgmma_zeros(16)), wgmma_desc(at, a_map, "K", 0, 0),
+                    wgmma_desc(bt, b_map, "K", 0, 0), 1)
+        wgmma_commit_group()
+        wgmma_store_global(wgmma_wait_group(0, acc), out, 0, 0)
+
+    with pytest.raises(SimulatedMisuse, match=r"wgmma_desc: the descriptor reads the tile \(16, 32\) uint16 at byte 0 "
+                                              r"of its shared allocation, given at .*wgmma_desc\(bt, b_map.* with a "
+                                              r"64-byte swizzle .* but the tile the TMA load at .* wrote it with a "
+                                              r"32-byte swizzle"):
+        kernel[1, 128](a_map, b_map, b32_map, out)
