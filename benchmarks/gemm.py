@@ -2,7 +2,7 @@
 float32 accumulation, all in one process on one GPU; TFLOP/s = 2 M N K / time, and ratios.
 
 Run on the GPU machine:
-    python benchmarks/gemm.py [--quick] [--only check,square,llm,variants,sweep] [--reps 20]
+    python benchmarks/gemm.py [--quick] [--only check,square,llm,variants,sweep] [--reps 20] [--sizes 1024,8192]
 
 Timing: each implementation runs on the legacy default stream (torch's default stream too). Per case: warm-up
 launches, then ``--reps`` timed launches, each preceded by a 256 MiB memset that evicts the 50-60 MB L2 (inputs
@@ -186,6 +186,7 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--layout", default="nk,kn")
+    parser.add_argument("--sizes", default=None, help="square sizes, e.g. 1024,8192 (default 1024..16384)")
     args = parser.parse_args()
     import torch
 
@@ -213,6 +214,8 @@ def main():
 
     if "square" in sections:
         sizes = [2048, 4096, 8192] if args.quick else [1024, 2048, 4096, 8192, 16384]
+        if args.sizes:
+            sizes = [int(x) for x in args.sizes.split(",")]
         for s in sizes:
             for layout in layouts:
                 log(f"== square {s}^3 {layout}")
