@@ -44,7 +44,7 @@ import numpy as np
 from numba import cuda, types
 
 import numbatma
-from numbatma.utils import fill_uniform, gpu_or_simulator, median_ms
+from numbatma.utils import fill_uniform, gpu_or_simulator, median_ms, small_problem
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
@@ -58,7 +58,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-ROWS, COLS = ((8192, 8192) if not numbatma.SIMULATING else (128, 256))  # X: 256 MiB of float32 (small in the CUDA simulator)
+ROWS, COLS = ((8192, 8192) if not small_problem() else (128, 256))  # X: 256 MiB of float32 (small: sim, sanitizer)
 BM, BN = 64, 128  # tile: 64 rows x 128 columns; one row of a tile = one quantization block
 TILE = BM * BN  # 8192 elements: 32 KiB of float32, 8 KiB of int8
 QMAX = 127.0

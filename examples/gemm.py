@@ -61,7 +61,7 @@ from numbatma.intrinsics import (
     wgmma_wait_group,
     wgmma_zeros,
 )
-from numbatma.utils import gpu_or_simulator
+from numbatma.utils import gpu_or_simulator, small_problem
 
 BM, BN, BK = 128, 256, 64  # the CTA's tile of C, and the k-step (64 float16 = one 128-byte swizzle row)
 STAGES = 3  # 3 x (128 + 256) x 64 x 2 bytes = 144 KiB of stages, plus 64 KiB of epilogue tiles
@@ -161,8 +161,8 @@ def time_ms(launch, reps=10):
 
 def main():
     gpu_or_simulator("gemm.py", shared_bytes=SMEM_BYTES)
-    if numbatma.SIMULATING:
-        m, n, k = 130, 256, 128  # small: the simulator runs every thread in Python
+    if small_problem():
+        m, n, k = 130, 256, 128  # small: the simulator runs every thread in Python (and compute-sanitizer is slow)
     else:
         m, n, k = (int(v) for v in sys.argv[1:4]) if len(sys.argv) >= 4 else (8192, 8192, 8192)
     if n % 8:

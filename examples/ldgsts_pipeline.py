@@ -31,10 +31,10 @@ import numpy as np
 from numba import cuda
 
 import numbatma
-from numbatma.utils import fill_uniform, gpu_or_simulator, median_ms
+from numbatma.utils import fill_uniform, gpu_or_simulator, median_ms, small_problem
 from numbatma.intrinsics import Pipeline, cp_async
 
-ROWS, COLS = ((16384, 4096) if not numbatma.SIMULATING else (64, 256))  # 256 MiB of float32 (small in the CUDA simulator)
+ROWS, COLS = ((16384, 4096) if not small_problem() else (64, 256))  # 256 MiB of float32 (small: simulator, sanitizer)
 BM, BN = 16, 128  # tile: 16 rows x 128 float32 = 8 KiB = 512 chunks of 16 bytes
 STAGES = 4
 THREADS = 256  # 8 warps; warp w sums rows 2w and 2w + 1 of every tile

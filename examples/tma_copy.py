@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda
 
 import numbatma
+from numbatma.utils import small_problem
 from numbatma.intrinsics import (
     bulk_commit_group,
     bulk_wait_group,
@@ -57,7 +58,7 @@ def main():
         if cc < (9, 0):
             simulate_instead(f"this GPU has compute capability {cc[0]}.{cc[1]}; TMA needs 9.0+")
     # not multiples of the box: TMA clips the edge boxes (smaller in the simulator: a Python thread per thread)
-    rows, cols = (150, 100) if numbatma.SIMULATING else (1000, 1000)
+    rows, cols = (150, 100) if small_problem() else (1000, 1000)
     host = np.random.default_rng().standard_normal((rows, cols)).astype(np.float32)
     src = cuda.to_device(host)
     dst = cuda.to_device(np.full_like(host, np.nan))

@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda
 
 import numbatma
-from numbatma.utils import fill_uniform, gpu_or_simulator, median_ms
+from numbatma.utils import fill_uniform, gpu_or_simulator, median_ms, small_problem
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
@@ -41,7 +41,7 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-ROWS, COLS = ((8192, 8192) if not numbatma.SIMULATING else (128, 256))  # 256 MiB of float32 (small in the CUDA simulator)
+ROWS, COLS = ((8192, 8192) if not small_problem() else (128, 256))  # 256 MiB of float32 (small: simulator, sanitizer)
 BM, BN = 32, 128  # tile: 32 x 128 float32 = 16 KiB
 TILE = BM * BN
 STAGES = 4

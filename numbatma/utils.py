@@ -8,6 +8,15 @@ from numba import cuda  # module level: the simulator swaps it inside kernels de
 from numbatma import SIMULATING
 
 
+def small_problem():
+    """True when an example should run a small problem: in the CUDA simulator (a Python thread per CUDA thread),
+    or when ``NUMBATMA_SMALL_PROBLEMS=1`` (the GPU suite sets it to run the examples under compute-sanitizer,
+    which slows every memory access down)."""
+    import os
+
+    return SIMULATING or os.environ.get("NUMBATMA_SMALL_PROBLEMS", "") not in ("", "0")
+
+
 def gpu_problem(min_cc=(9, 0), feature="TMA", shared_bytes=0):
     """None when this process can run a kernel needing compute capability ``min_cc`` (and
     ``shared_bytes`` of shared memory per block), else a one-line reason to print."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, for the device machine (H100/H200):
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
-#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, gemm, probes, sweep)
+#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, gemm, probes, sweep,
+#                                                        # sanitize: compute-sanitizer, runs beside the others)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
 # Needs the wheels from ../shared/gpu/fetch-wheels in .whl/ (numpy < 2.5 for numba-cuda 0.30.4).
@@ -21,6 +22,26 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import numba_cuda, numpy, cuda.core; print('numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$out/gpu.txt"
 parts=" ${PARTS:-tests examples bench gemm probes} "
 status=0
+sanitize_pids=()
+if [[ $parts == *" sanitize "* ]]; then
+  # compute-sanitizer (from the nvidia-cuda-sanitizer-api wheel in .whl/) over every kernel of numbatma.kernels
+  # (scripts/sanitize_kernels.py), every example on a small problem and a sample of the GPU tests; the three tools
+  # run side by side in the background while the other parts go on. One log per tool: $out/sanitize-<tool>.log.
+  san="$site/nvidia/cu13/bin/compute-sanitizer"
+  chmod +x "$site"/nvidia/cu13/bin/* 2>/dev/null
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+    (
+      log="$out/sanitize-$tool.log"
+      run() { echo "== $tool: $*" >> "$log"; timeout ${SANITIZE_TIMEOUT:-300} "$san" --tool "$tool" --error-exitcode 9 \
+                "$@" >> "$log" 2>&1; echo "exit $? ($tool: $*)" >> "$log"; }
+      export NUMBATMA_SMALL_PROBLEMS=1
+      run python3 "$repo/scripts/sanitize_kernels.py"
+      for ex in "$repo"/examples/*.py; do run python3 "$ex"; done
+      [[ $tool == memcheck ]] && run python3 -m pytest -q -p no:cacheprovider -x ${SANITIZE_TESTS:-"$repo/tests/test_gpu_pipeline.py"}
+    ) &
+    sanitize_pids+=($!)
+  done
+fi
 if [[ $parts == *" tests "* ]]; then
   paths=""; for t in ${TESTS:-tests}; do paths+=" $repo/$t"; done
   xdist=""
@@ -62,5 +83,13 @@ if [[ $parts == *" probes "* ]]; then
       timeout 60 python3 "$repo/scripts/debug_oob.py" $c 2>&1 | tail -1 | sed "s/^/probe $c: /" | tee -a "$out/probe.log"
     done
   fi
+fi
+if ((${#sanitize_pids[@]})); then
+  wait "${sanitize_pids[@]}"
+  for f in "$out"/sanitize-*.log; do
+    echo "== $(basename "$f"): $(grep -c '^exit 0 ' "$f") runs clean, $(grep '^exit ' "$f" | grep -vc '^exit 0 ') not"
+    grep '^exit [1-9]' "$f"
+  done | tee "$out/sanitize.txt"
+  grep -q '^exit [1-9]' "$out"/sanitize-*.log && status=1
 fi
 exit $status

@@ -1,0 +1,153 @@
+"""Every kernel of numbatma.kernels once, on small shapes with partial tiles, checked against NumPy: the workload
+the GPU suite runs under compute-sanitizer (memcheck, racecheck, synccheck; `PARTS=sanitize`). Small shapes keep
+the instrumented run short; each kernel still walks several tiles per CTA (a persistent grid of 2 CTAs), its
+pipeline wraps around, and the exact-store tail path runs (widths that are not a multiple of 16 bytes).
+
+    python scripts/sanitize_kernels.py        # prints one line per kernel, exits 1 on a wrong result
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from numba import cuda
+
+import numbatma
+
+from numbatma.kernels import (Axpy, Gemm, Laplacian5, RowSum, Softmax, StreamCopy, Transpose, _launch,
+                              tma_copy)
+
+RNG = np.random.default_rng(0)
+
+
+def data(shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def padded(rows_host, dtype=None):
+    """A device view of ``rows_host`` inside a parent whose rows are padded to 16 bytes (NaN padding), as TMA
+    needs; returns (view, parent)."""
+    x = np.asarray(rows_host, dtype=dtype)
+    per16 = 16 // x.dtype.itemsize
+    width = -(-x.shape[-1] // per16) * per16
+    parent = np.full(x.shape[:-1] + (width,), np.nan, x.dtype)
+    parent[..., :x.shape[-1]] = x
+    d = cuda.to_device(parent)
+    return d[..., :x.shape[-1]], d
+
+
+def poisoned(shape, dtype=np.float32):
+    """A NaN-filled device view of ``shape`` inside a padded parent: (view, parent)."""
+    return padded(np.full(shape, np.nan, dtype))
+
+
+def check_parent(name, parent, width):
+    """The padding of an output parent past ``width`` is still NaN: nothing was written outside the view."""
+    tail = parent.copy_to_host()[..., width:]
+    if tail.size and not np.isnan(tail.astype(np.float32)).all():
+        raise AssertionError(f"{name}: {int((~np.isnan(tail)).sum())} elements written outside the view")
+
+
+def check(name, got, want, **tol):
+    np.testing.assert_allclose(got, want, **tol)
+    print(f"ok   {name}", flush=True)
+
+
+def main():
+    _launch.sm_count = lambda *a: 2  # a persistent grid of 2 CTAs: several tiles each, pipelines wrap around
+    failed = []
+
+    def case(name, fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failed.append(name)
+            print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}", flush=True)
+
+    def copy():
+        x = data((3, 10, 27))
+        y, yp = poisoned(x.shape)
+        tma_copy(padded(x)[0], y, box=(2, 8, 8))
+        cuda.synchronize()
+        check_parent("tma_copy", yp, 27)
+        check("tma_copy rank 3, partial boxes", y.copy_to_host(), x, rtol=0, atol=0)
+
+    def stream(two_roles):
+        def run():
+            x = data((40, 67))
+            y, yp = poisoned(x.shape)
+            StreamCopy(padded(x)[0], y, stages=3, tile_bytes=1024, two_roles=two_roles).launch()
+            cuda.synchronize()
+            check_parent("StreamCopy", yp, 67)
+            check(f"StreamCopy two_roles={two_roles}", y.copy_to_host(), x, rtol=0, atol=0)
+        return run
+
+    def axpy():
+        x, y = data((24, 61)), data((24, 61))
+        out, op = poisoned(x.shape)
+        Axpy(1.5, padded(x)[0], padded(y)[0], out, stages=2, tile_bytes=2048).launch()
+        cuda.synchronize()
+        check_parent("Axpy", op, 61)
+        check("Axpy", out.copy_to_host(), np.float32(1.5) * x + y, rtol=1e-6, atol=1e-6)
+
+    def transpose():
+        x = data((42, 75))
+        y, yp = poisoned((75, 42))
+        Transpose(padded(x)[0], y).launch()
+        cuda.synchronize()
+        check_parent("Transpose", yp, 42)
+        check("Transpose", y.copy_to_host(), x.T, rtol=0, atol=0)
+
+    def rows():
+        x = data((12, 203))
+        s = cuda.to_device(np.full(12, np.nan, np.float32))
+        RowSum(padded(x)[0], s).launch()
+        out, op = poisoned(x.shape)
+        Softmax(padded(x)[0], out).launch()
+        cuda.synchronize()
+        check_parent("Softmax", op, 203)
+        check("RowSum", s.copy_to_host(), x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
+        e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+        check("Softmax", out.copy_to_host(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+    def stencil():
+        x = data((20, 37))
+        out, op = poisoned(x.shape)
+        Laplacian5(padded(x)[0], out, tile=(8, 16)).launch()
+        cuda.synchronize()
+        check_parent("Laplacian5", op, 37)
+        p = np.pad(x, 1)
+        check("Laplacian5", out.copy_to_host(), p[:-2, 1:-1] + p[2:, 1:-1] + p[1:-1, :-2] + p[1:-1, 2:] - 4 * x,
+              rtol=1e-5, atol=1e-5)
+
+    def gemm(layout, **options):
+        def run():
+            m, n, k = 200, 264, 136  # partial tiles in M, N and K
+            a = data((m, k), np.float16)
+            b = data((k, n) if layout == "kn" else (n, k), np.float16)
+            c = cuda.to_device(np.full((m, n), np.nan, np.float16))
+            Gemm(cuda.to_device(a), cuda.to_device(b), c, b_layout=layout, **options).launch()
+            cuda.synchronize()
+            w = b.astype(np.float64) if layout == "kn" else b.astype(np.float64).T
+            ref = a.astype(np.float64) @ w
+            check(f"Gemm {layout} {options}", c.copy_to_host().astype(np.float64), ref, rtol=2e-2, atol=5e-2)
+        return run
+
+    case("tma_copy", copy)
+    case("StreamCopy", stream(False))
+    case("StreamCopy two roles", stream(True))
+    case("Axpy", axpy)
+    case("Transpose", transpose)
+    case("RowSum/Softmax", rows)
+    case("Laplacian5", stencil)
+    case("Gemm nk", gemm("nk"))
+    case("Gemm kn", gemm("kn"))
+    case("Gemm nk not warp-specialized", gemm("nk", warp_specialized=False))
+    if not numbatma.SIMULATING:  # (the simulator runs one-CTA clusters only)
+        case("Gemm nk cluster of 2", gemm("nk", cluster_m=2))
+    print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all kernels OK'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
