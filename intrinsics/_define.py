@@ -9,11 +9,14 @@ function that says the operation has no simulator semantics yet).
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 from llvmlite import ir
 
 from numbatma import SIMULATING
+
+from numbatma.errors import TypingError
 
 if not SIMULATING:
     from numba.cuda import types
@@ -38,7 +41,17 @@ def device_op(simulate=None, prefer_literal=False):
     def wrap(typer):
         if SIMULATING:
             if simulate is not None:
+                names = list(inspect.signature(typer).parameters)[1:]
+                checked = [(i, n) for i, n in enumerate(names) if n in _SIM_OPERAND_CHECKS]
+
+                slot = (names.index("descs"), names.index("index")) if {"descs", "index"} <= set(names) else None
+
                 def simulated(*args):
+                    for i, name in checked:  # (the launch-time misuse the GPU build refuses while typing)
+                        if i < len(args):
+                            _SIM_OPERAND_CHECKS[name](typer.__name__, args[i], args)
+                    if slot is not None and max(slot) < len(args):
+                        check_descriptor_index(typer.__name__, args[slot[0]], args[slot[1]])
                     return simulate(*args)
 
                 functools.update_wrapper(simulated, typer, assigned=("__name__", "__qualname__", "__doc__"))
@@ -52,14 +65,89 @@ def device_op(simulate=None, prefer_literal=False):
                 )
 
             return unsupported
-        return _intrinsic(target="cuda", prefer_literal=prefer_literal)(typer)
+        return _intrinsic(target="cuda", prefer_literal=prefer_literal)(_checked_typer(typer, prefer_literal))
 
     return wrap
 
 
+def _checked_typer(typer, prefer_literal):
+    """The typer, with the call's arity checked first (a clear message instead of Python's TypeError) and,
+    for a ``prefer_literal`` intrinsic, a rule broken while the constants were visible marked *fatal*: Numba
+    retries such a call with the constants forgotten, which may type, and the broken rule would go
+    unreported (``numbatma/errors.py`` reports it at the call's line)."""
+    signature = inspect.signature(typer)
+    names = list(signature.parameters)[1:]
+
+    @functools.wraps(typer)
+    def checked(typingctx, *args, **kws):
+        try:
+            signature.bind(typingctx, *args, **kws)
+        except TypeError as exc:
+            fail(typer.__name__, f"takes ({', '.join(names)}); the call passes {len(args) + len(kws)} "
+                                 f"argument(s): {exc}")
+        try:
+            return typer(typingctx, *args, **kws)
+        except TypingError as exc:
+            if prefer_literal and any(types.unliteral(a) != a for a in (*args, *kws.values())):
+                exc.fatal = True
+            raise
+
+    return checked
+
+
+# -- simulator operand checks ---------------------------------------------------------------------------
+def _sim_not_a_descriptor(value):
+    """An array or a number where a descriptor goes (other objects may quack like one)."""
+    import numpy as np
+
+    kind = type(value)
+    return (value is None or isinstance(value, (int, float, np.ndarray, np.generic))
+            or (kind.__name__.startswith("Fake") and "Array" in kind.__name__)  # (simulated device arrays)
+            or "__cuda_array_interface__" in dir(kind))
+
+
+def _sim_check_desc(op, value, args):
+    if _sim_not_a_descriptor(value):
+        raise sim().SimulatedTypingError(
+            f"{op}: the descriptor operand must be a numbatma.TensorMap, got {_sim_describe(value)} (pass the "
+            f"TensorMap built from the array, not the array itself)")
+
+
+def _sim_check_descs(op, value, args):
+    tensormaps = getattr(value, "tensormaps", None)
+    if tensormaps is None:
+        raise sim().SimulatedTypingError(
+            f"{op}: expected a numbatma.TensorMapArray, got {_sim_describe(value)}")
+
+
+def _sim_describe(value):
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None and "Array" in type(value).__name__:
+        return f"an array ({type(value).__name__}, dtype {dtype}, shape {tuple(shape)})"
+    return f"{type(value).__name__} {value!r}"
+
+
+def check_descriptor_index(op, descs, index):
+    """Simulator: ``index`` must pick one of the ``len(descs)`` descriptors (on the GPU an index past the end
+    reads whatever lies after the array as a descriptor)."""
+    count = len(descs.tensormaps)
+    i = int(index)
+    if not 0 <= i < count:
+        raise sim().SimulatedMisuse(
+            f"{op}: descriptor index {i} is out of range for a TensorMapArray of {count} descriptor(s) "
+            f"(valid: 0..{count - 1}); on the GPU the descriptor would be read from memory past the array")
+    return descs.tensormaps[i]
+
+
+_SIM_OPERAND_CHECKS = {"desc": _sim_check_desc, "tmap": _sim_check_desc, "descs": _sim_check_descs}
+
+
 # -- typing checks ------------------------------------------------------------------------------------
 def fail(op, message):
-    raise errors.TypingError(f"{op}: {message}")
+    """Report a broken rule of operation ``op``: a :class:`numbatma.errors.TypingError`, which the user sees
+    as ``file:line: op: message`` at the kernel line of the call."""
+    raise TypingError(f"{op}: {message}")
 
 
 def require_int(op, what, ty):

@@ -11,7 +11,6 @@ issues a strided share of 16-byte copies.
 """
 from __future__ import annotations
 
-import functools
 
 from ._asm import Ptx
 from ._define import (
@@ -43,43 +42,23 @@ MBARRIER_ARRIVE_NOINC = Ptx("cp.async.mbarrier.arrive.noinc.shared.b64 [$bar];",
 if not SIMULATING:
     from llvmlite import ir
     from numba.cuda import cgutils, nvvmutils, types
-    from numba.cuda.core import errors
 
     from numbatma._types import SharedArray
 
     from ._define import require_shared
 
-    class _LiteralRule(errors.TypingError):
-        """A rule broken by a compile-time constant argument (see ``literal_rules``)."""
 
 
 def literal_fail(op, message):
-    """``fail`` for a rule about a compile-time constant argument of a ``literal_rules`` intrinsic."""
-    raise _LiteralRule(f"{op}: {message}")
+    """``fail`` for a rule about a compile-time constant argument of a ``prefer_literal`` intrinsic (kept as a
+    name: ``device_op`` reports such a rule even when Numba's retry with plain types would succeed)."""
+    fail(op, message)
 
 
 def literal_rules(typer):
-    """For intrinsics with ``prefer_literal=True`` that also accept run-time values: Numba types such a call
-    first with the constants as literal types and, if that fails, again with plain integers - which pass, so
-    a constant that breaks a rule (``literal_fail``) would go unreported, and any other error would be
-    reported twice. Instead a failed typing with literal arguments succeeds with a lowering that raises the
-    TypingError: compilation still stops, with the one message and the call's line."""
-
-    @functools.wraps(typer)
-    def wrapped(typingctx, *args):
-        try:
-            return typer(typingctx, *args)
-        except errors.TypingError as exc:
-            if not any(isinstance(a, types.Literal) for a in args):
-                raise
-            message = exc.args[0] if exc.args else str(exc)
-
-            def codegen(context, builder, sig, args):
-                raise errors.TypingError(message)
-
-            return types.void(*args), codegen
-
-    return wrapped
+    """Formerly deferred a broken constant rule to lowering; ``device_op(prefer_literal=True)`` now marks an
+    error raised while constants are visible as fatal (``numbatma/errors.py``), so this is the identity."""
+    return typer
 
 
 def _index_types(op, what, ary, index):

@@ -3,7 +3,7 @@ proxy (descriptors)."""
 from __future__ import annotations
 
 from ._asm import Ptx
-from ._define import SIMULATING, descriptor_address, device_op, emit_only, fail, sim
+from ._define import SIMULATING, check_descriptor_index, descriptor_address, device_op, emit_only, fail, sim
 
 PROXY_ASYNC_SHARED_CTA = Ptx("fence.proxy.async.shared::cta;")
 MBARRIER_INIT = Ptx("fence.mbarrier_init.release.cluster;")
@@ -31,7 +31,7 @@ def fence_mbarrier_init(typingctx):
     return types.void(), emit_only(MBARRIER_INIT)
 
 
-@device_op(simulate=lambda descs, i: descs.tensormaps[int(i)])
+@device_op(simulate=lambda descs, i: check_descriptor_index("tensormap_acquire", descs, i))
 def tensormap_acquire(typingctx, descs, index):
     """Descriptor ``index`` of a :class:`numbatma.TensorMapArray` (descriptors in global memory), after
     ``fence.proxy.tensormap::generic.acquire.gpu [addr], 128;`` so the TMA unit sees its current bytes.

@@ -57,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._asm import TARGETS, Ptx
-from ._define import SIMULATING, device_op, fail, require_shared, sim
+from ._define import SIMULATING, TypingError, device_op, fail, require_shared, sim
 
 __all__ = [
     "ldmatrix",
@@ -164,7 +164,6 @@ if not SIMULATING:
 if not SIMULATING:
     from llvmlite import ir
     from numba.cuda import types
-    from numba.cuda.core import errors
 
     from ._define import shared_address
 
@@ -265,7 +264,7 @@ def mma_m16n8k16_f16acc(typingctx, acc, a, b):
 # -- ldmatrix / stmatrix ----------------------------------------------------------------------------------------
 def _check_tile(op, tile, offset):
     """Typing checks of the (tile, offset) pair; returns a message for a constant offset that breaks a rule
-    (reported when the call is lowered - see ``_deferred``) or None."""
+    (raised by ``_deferred``) or None."""
     require_shared(op, "the tile", tile)
     if tile.dtype not in _TILE_DTYPES:
         fail(op, f"the tile must hold 16-bit elements (uint16, int16 or float16; bfloat16 data as uint16): "
@@ -289,13 +288,9 @@ def _check_tile(op, tile, offset):
 
 
 def _deferred(message):
-    """A lowering that raises ``message``: a constant argument broke a rule, and failing the literal typing
-    would let Numba retry with the plain argument type and succeed silently (compare ``literal_rules``)."""
-
-    def codegen(context, builder, sig, args):
-        raise errors.TypingError(message)
-
-    return codegen
+    """A constant argument broke a rule: raise it now (``device_op`` marks it fatal, so Numba's retry with the
+    plain argument type cannot type the call silently; the user sees it at the call's line)."""
+    raise TypingError(message)
 
 
 def _row_address(context, builder, sig, args):

@@ -37,7 +37,7 @@ import operator
 
 import numpy as np
 
-from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, require_shared, require_tensormap
+from ._define import SIMULATING, TypingError, device_op, fail, require_int, require_literal_int, require_shared, require_tensormap
 
 __all__ = ["swizzled", "swizzle_offset", "swizzle_map"]
 
@@ -153,7 +153,7 @@ def swizzled(typingctx, tile, desc):
     require_tensormap(op, desc)
     message = _descriptor_error(op, desc)
     if message:
-        raise errors.TypingError(message)
+        raise TypingError(message)
     require_shared(op, "the tile", tile)
     if tile.layout != "C":
         fail(op, f"the shared tile must be C-contiguous, got layout {tile.layout!r}")
@@ -162,7 +162,7 @@ def swizzled(typingctx, tile, desc):
         message = (f"{op}: the shared tile has {tile.ndim} dimensions but the descriptor's box has "
                    f"{desc.rank}; expected {_expected_tile(desc, str(desc.dtype))}")
     if message:
-        raise errors.TypingError(message)
+        raise TypingError(message)
     result = SwizzledTileType(desc.dtype, desc.box, _layout(desc)[0], int(desc.swizzle))
 
     def codegen(context, builder, sig, args):
@@ -357,7 +357,7 @@ if not SIMULATING:
         else:
             fail(op, f"index the view with integers, view[i0, ..., c]; got {index}")
         if len(given) != view.ndim:
-            raise errors.TypingError(_count_error(op, view.shape, f"{len(given)} ({index})"))
+            raise TypingError(_count_error(op, view.shape, f"{len(given)} ({index})"))
         for t in given:
             if not isinstance(t, types.Integer):
                 fail(op, f"every index must be an integer (slices and arrays are not supported), got {index}")

@@ -38,6 +38,14 @@ The hooks:
    (:class:`numbatma.cluster.ClusterLaunchBounds`) also gets the kernel's NVVM ``cluster_dim_{x,y,z}``
    annotations (PTX ``.explicitcluster`` / ``.reqnctapercluster``); ``_Kernel.launch`` (hook 3's wrapper)
    checks that the grid is a multiple of such a kernel's cluster shape.
+9. Typing errors at the user's line (``numbatma/errors.py``): the ``__call__`` of every constraint class of
+   ``numba.cuda.core.typeinfer`` (``CallConstraint``, ``IntrinsicCallConstraint``, ``SetItemConstraint``, ...;
+   listed by :func:`_constraint_classes`; each instance has the statement's ``loc``) is wrapped: a constraint
+   that fails after a numbatma typer raised :class:`numbatma.errors.TypingError` raises that error instead of
+   Numba's "No implementation of function ..." summary, located at the statement. It relies on
+   ``ConstraintNetwork.propagate`` calling ``constraint(typeinfer)`` for each constraint and on Numba's
+   ``TypingError`` (numba.core) passing through numba-cuda's ``except TypingError`` (numba.cuda.core's class)
+   unchanged; were numba-cuda to catch it, the message would still start with numbatma's line.
 """
 from __future__ import annotations
 
@@ -120,13 +128,59 @@ def _prepare_numbatma_arg(ty, val, kernelargs):
     """Append a descriptor argument; False for any other argument. On the launch path: keep it cheap."""
     cls = type(ty)
     if cls is _TensorMapType or getattr(cls, "by_value_descriptor", False):  # tiled or im2col descriptor
-        desc = val._descriptor
-        kernelargs.append(desc if desc is not None else val.descriptor)
+        desc = getattr(val, "_descriptor", _MISSING)
+        if desc is _MISSING:
+            _wrong_argument(ty, val)
+        if desc is None:
+            desc = val.descriptor
+        if getattr(val, "_device_id", None) is not None:
+            _check_device(val, ty)
+        kernelargs.append(desc)
         return True
     if cls is _TensorMapArrayType:
+        if not hasattr(val, "tensormaps"):
+            _wrong_argument(ty, val)
+        if getattr(val, "_device_id", None) is not None:
+            _check_device(val, ty)
         kernelargs.append(ctypes.c_uint64(val.address))
         return True
     return False
+
+
+_MISSING = object()
+
+
+def current_device_id():
+    """The ordinal of the device launches of this thread go to."""
+    from numba.cuda.cudadrv.devices import get_context
+
+    return get_context().device.id
+
+
+def _check_device(val, ty):
+    current = current_device_id()
+    if val._device_id != current:
+        from .tensormap import TensorMapError
+
+        kind = type(val).__name__
+        raise TensorMapError(
+            f"{kind}: this {kind} describes memory of device {val._device_id}, but the kernel launches on device "
+            f"{current}; TMA would read device {val._device_id}'s addresses on device {current}. Build the {kind} "
+            f"from an array on device {current}, or launch within cuda.gpus[{val._device_id}]."
+        )
+
+
+def _wrong_argument(ty, val):
+    """A launch argument that is not what the compiled kernel's parameter (``ty``) takes."""
+    from .tensormap import TensorMapError
+
+    want = "numbatma.TensorMapArray" if type(ty) is _TensorMapArrayType else "numbatma.TensorMap"
+    shape = getattr(val, "shape", None)
+    got = type(val).__name__ + (f" of shape {tuple(shape)}" if shape is not None else "")
+    raise TensorMapError(
+        f"kernel argument: the kernel was compiled for a {want} ({ty}) here but got a {got}; pass the "
+        f"{want.split('.')[1]} built from the array, not the array itself."
+    )
 
 
 # -- hook 3: > 48 KiB dynamic shared memory ---------------------------------------------------------
@@ -424,6 +478,55 @@ def install_simulator():
     module_cls.shfl_up_sync = staticmethod(lambda mask, value, delta: _sim.shfl_up(mask, value, delta))
 
 
+# -- hook 9: typing errors at the user's line -----------------------------------------------------------
+def _constraint_classes():
+    """The classes of numba-cuda's type inference whose instances ``ConstraintNetwork.propagate`` calls, each
+    defining its own ``__call__`` (tests check the list still holds the call constraints)."""
+    from numba.cuda.core import typeinfer
+
+    return {
+        name: cls for name, cls in vars(typeinfer).items()
+        if isinstance(cls, type) and name.endswith("Constraint") and "__call__" in vars(cls)
+    }
+
+
+def _located_constraint(original):
+    from numba.core import errors as core_errors
+    from numba.cuda.core import errors as cuda_errors
+
+    from . import errors
+
+    typing_errors = (core_errors.TypingError, cuda_errors.TypingError)
+
+    def __call__(self, typeinfer):
+        loc = getattr(self, "loc", None)
+        with errors.recording() as rec:
+            try:
+                result = original(self, typeinfer)
+            except typing_errors:
+                chosen = errors.relocate(rec.errors, loc, failed=True)
+                if chosen is None:
+                    raise
+            else:
+                chosen = errors.relocate(rec.errors, loc, failed=False)
+                if chosen is None:
+                    return result
+        outer = getattr(errors._state, "records", None)
+        if outer is not None:  # (a typing nested in another: the enclosing call reports it at its own line)
+            outer.append(chosen)
+        raise chosen from None
+
+    __call__._numbatma_original = original
+    return __call__
+
+
+def install_typing_errors():
+    for cls in _constraint_classes().values():
+        call = vars(cls)["__call__"]
+        if not hasattr(call, "_numbatma_original"):
+            cls.__call__ = _located_constraint(call)
+
+
 # -- installation -------------------------------------------------------------------------------------
 def _hook_points():
     """The upstream objects numbatma patches (tests check they still exist)."""
@@ -534,4 +637,5 @@ def install():
 
     disp_mod.LaunchConfig = _clustered_launch_config(disp_mod.LaunchConfig)
     nvvm_mod.set_launch_bounds = _launch_bounds_with_cluster(nvvm_mod.set_launch_bounds)
+    install_typing_errors()
     _installed = True

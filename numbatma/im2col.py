@@ -207,6 +207,7 @@ class Im2colTensorMap(TensorMap):
         self._array = array
         self._numba_type = None
         self._descriptor = None
+        self._device_id = None  # the device of the array, known once encoded (checked at launch)
         self._raw = None
 
     # -- facts -------------------------------------------------------------------------------------
@@ -290,6 +291,7 @@ class Im2colTensorMap(TensorMap):
 
             source = _LayoutArray(self._layout) if 1 in self.shape else self._array
             view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
+            self._device_id = getattr(view, "device_id", None)  # (checked at launch)
             # cuda.core takes row-major order and reverses (corners included), like numbatma.
             self._descriptor = TensorMapDescriptor._from_im2col(
                 view,

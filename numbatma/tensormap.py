@@ -125,13 +125,27 @@ class ArrayLayout:
                            self.strides, self.dtype)
 
 
+def _describe_descr(descr):
+    return "fields " + ", ".join(f"{f[0]!r}: {f[1]}" for f in descr if f)
+
+
 def _dtype_from_typestr(typestr, descr=None):
     try:
         dt = np.dtype(typestr)
     except TypeError:
         dt = None
     if dt is not None and dt.kind == "V" and dt.itemsize == 2:
-        # bfloat16 has no typestr of its own; ml_dtypes names it in descr when available.
+        # bfloat16 has no typestr of its own ('<V2', descr [('', '<V2')]). A record of two bytes (named fields
+        # in descr) is not bfloat16: refuse it rather than reinterpret its bytes.
+        # NumPy spells records and raw bytes '|V2' (no byte order) and bfloat16 '<V2'.
+        fields = [f for f in (descr or ()) if f and f[0]]
+        if fields or str(typestr).startswith("|"):
+            what = f"2-byte records ({_describe_descr(fields)})" if fields else f"2-byte records or raw bytes ({typestr!r})"
+            raise TensorMapError(
+                f"TensorMap: the array's elements are {what}, not numbers, and are not taken for bfloat16; "
+                f"TMA moves integer and floating-point elements. For bfloat16 data pass an array of "
+                f"ml_dtypes.bfloat16 (typestr '<V2') or of its bits (uint16)."
+            )
         try:
             import ml_dtypes
 
@@ -323,13 +337,15 @@ def _c_strides(shape, itemsize):
 
 
 def _as_tuple(name, value, rank, layout_name):
+    if isinstance(value, (bool, np.bool_)):  # (True is an int to Python: box=True is not a box of 1)
+        raise TensorMapError(f"TensorMap: {name} must be a tuple of integers, got {value!r}.")
     if isinstance(value, (int, np.integer)):
         value = (int(value),)
     try:
         value = tuple(value)
     except TypeError:
         raise TensorMapError(f"TensorMap: {name} must be a tuple of integers, got {value!r}.") from None
-    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in value):
         raise TensorMapError(f"TensorMap: {name} must be a tuple of integers, got {value!r}.")
     if len(value) != rank:
         raise TensorMapError(
@@ -435,6 +451,7 @@ class TensorMap:
         self._array = array
         self._numba_type = None
         self._descriptor = None  # cuda.core TensorMapDescriptor, encoded on first launch
+        self._device_id = None  # the device of the array, known once encoded (checked at launch)
         self._raw = None  # 128 bytes from cuTensorMapEncodeTiled, encoded on first request
 
     # -- facts -------------------------------------------------------------------------------------
@@ -549,6 +566,7 @@ class TensorMap:
             # With extent-1 dimensions, encode the strides numbatma validated (see array_layout).
             source = _LayoutArray(self._layout) if 1 in self.shape else self._array
             view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
+            self._device_id = getattr(view, "device_id", None)  # (checked at launch)
             self._descriptor = view.as_tensor_map(
                 self.box,
                 element_strides=self.element_strides,
@@ -840,6 +858,10 @@ class TensorMapArray:
     """
 
     def __init__(self, tensormaps):
+        if isinstance(tensormaps, TensorMap) or not hasattr(tensormaps, "__iter__"):
+            raise TensorMapError(
+                f"TensorMapArray: expected a sequence of TensorMaps (e.g. a list), got {type(tensormaps).__name__}."
+            )
         tensormaps = list(tensormaps)
         if not tensormaps:
             raise TensorMapError("TensorMapArray: needs at least one TensorMap.")
@@ -857,11 +879,13 @@ class TensorMapArray:
 
         self.tensormaps = tensormaps
         self._numba_type = None
+        self._device_id = None
         if _SIMULATING:  # the simulator reads the TensorMap objects (descriptor.py edits them): no bytes
             self.device_array = None
             return
         raw = np.frombuffer(b"".join(t.to_bytes() for t in tensormaps), dtype=np.uint8).reshape(len(tensormaps), 128)
         self.device_array = cuda.to_device(raw)
+        self._device_id = cuda.get_current_device().id  # (checked at launch)
         self._numba_type = None
 
     def __len__(self):

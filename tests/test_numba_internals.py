@@ -149,3 +149,27 @@ def test_prepared_launch_follows_kernel_launch():
     assert "self.stream = driver._to_core_stream(stream)" in original
     assert callable(driver._to_core_stream)
     assert "is_cooperative=self.cooperative" in original  # (prepared launches are never cooperative)
+
+
+def test_typing_error_hook_points():
+    """Hook 9 (numbatma/errors.py): numba-cuda's type inference calls each constraint as
+    ``constraint(typeinfer)``; every constraint class with its own ``__call__`` is wrapped (the call constraints
+    among them), each instance has the statement's ``loc``; Numba's "No implementation" summary is raised by
+    numba.core's function types, whose TypingError numba-cuda's ConstraintNetwork does not catch (so numbatma's
+    error, a subclass of it, reaches the user unchanged)."""
+    from numba.core import errors as core_errors
+    from numba.cuda.core import errors as cuda_errors
+    from numba.cuda.core import typeinfer
+
+    classes = internals._constraint_classes()
+    assert {"CallConstraint", "IntrinsicCallConstraint", "SetItemConstraint", "StaticGetItemConstraint"} <= set(classes)
+    for cls in classes.values():
+        assert getattr(vars(cls)["__call__"], "_numbatma_original", None) is not None, cls
+    assert "constraint(typeinfer)" in inspect.getsource(typeinfer.ConstraintNetwork.propagate)
+    assert "loc=constraint.loc" in inspect.getsource(typeinfer.ConstraintNetwork.propagate)
+    assert "self.loc = loc" in inspect.getsource(typeinfer.CallConstraint.__init__)
+    assert not issubclass(core_errors.TypingError, cuda_errors.TypingError)
+    from numba.core.types import functions
+
+    assert "raise_error" in inspect.getsource(functions.BaseFunction.get_call_type)
+    assert "prefer_literal" in inspect.getsource(functions.BaseFunction.get_call_type)

@@ -4,6 +4,7 @@ tma_prefetch_hinted): the PTX of every reduction at every rank, linking for ever
 errors, and the kernels of tests/test_gpu_tma_ops.py compiling for sm_90a."""
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
@@ -33,7 +34,7 @@ from fakes import FakeCudaArray
 
 
 def fake(shape, dtype):
-    return FakeCudaArray(shape, "<V2" if dtype == "bfloat16" else dtype)
+    return FakeCudaArray(shape, ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)  # (typestr "<V2")
 
 
 def desc(rank, dtype="uint32"):
