@@ -1,4 +1,5 @@
 """numbatma.kernels: ready-made TMA and tensor-core kernels built only on numbatma's public API."""
+from ._plan import Plan
 from .copy import TmaCopy, default_box, tma_copy
 from .gemm import Gemm, GemmConfig, gemm
 from .rows import RowSum, Softmax, row_sum, softmax
@@ -7,6 +8,7 @@ from .stream import Axpy, StreamCopy, axpy, stream_copy
 from .transpose import Transpose, transpose
 
 __all__ = [
+    "Plan",
     "TmaCopy", "default_box", "tma_copy",
     "Gemm", "GemmConfig", "gemm",
     "RowSum", "Softmax", "row_sum", "softmax",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from numbatma import TensorMap, aligned_columns, array_layout, kernel_view, layout_view
+from numbatma import TensorMap, aligned_columns, array_layout, kernel_view, launch_argument, layout_view
 
 __all__ = ["ExactStore", "tail_store_2d", "tail_store_nd"]
 
@@ -57,7 +57,7 @@ class ExactStore:
         """``tail`` as a launch passes it: a numba device array, made once on first use (``tail`` itself, a
         :class:`numbatma.DeviceView`, works too but is converted at every launch); the NumPy view under the
         simulator."""
-        return self.tail.device_array() if hasattr(self.tail, "device_array") else self.tail
+        return launch_argument(self.tail)
 
 
 def _swizzled_column(span, itemsize):

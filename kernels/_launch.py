@@ -1,4 +1,5 @@
-"""Host-side helpers shared by the ready-made kernels: device facts, persistent grids, array checks."""
+"""Host-side facts and arithmetic shared by the ready-made kernels: device limits, persistent grids, box and
+slot sizes, array checks. Every kernel takes these from here (one definition of each)."""
 from __future__ import annotations
 
 import functools
@@ -9,6 +10,9 @@ from numbatma import TensorMapError, array_layout
 # system keeps 1 KiB of it per resident CTA).
 SMEM_PER_BLOCK = 227 * 1024
 SMEM_PER_SM = 228 * 1024
+SMEM_RESERVED_PER_CTA = 1024
+MAX_BOX = 256  # TMA's largest box dimension (elements)
+BOX_ALIGN = 128  # a TMA tile in shared memory starts on a 128-byte boundary
 
 
 @functools.lru_cache(maxsize=None)
@@ -20,12 +24,35 @@ def sm_count(device_id=None):
 
 
 def persistent_grid(ntiles, ctas_per_sm=1):
-    """Blocks for a persistent kernel: enough to fill the GPU, never more than there are tiles."""
+    """Blocks for a persistent kernel: enough to fill the GPU, never more than there are tiles. (The device
+    side of the loop is :func:`numbatma.kernels._device.persistent_share`.)"""
     return max(1, min(ntiles, sm_count() * ctas_per_sm))
 
 
 def ceil_div(a, b):
+    """``a / b`` rounded up (integers)."""
     return -(-a // b)
+
+
+def round_up(a, b):
+    """``a`` rounded up to a multiple of ``b``."""
+    return ceil_div(a, b) * b
+
+
+def next_pow2(v):
+    """The smallest power of two >= ``v`` (1 for ``v <= 1``)."""
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def slot_elems(nelems, itemsize, align=BOX_ALIGN):
+    """Elements between consecutive TMA tiles of ``nelems`` elements in one shared-memory buffer (ring
+    stages, box slots): each tile starts ``align`` (128) bytes aligned. ``nelems`` may be a box shape."""
+    if isinstance(nelems, tuple):
+        n = 1
+        for d in nelems:
+            n *= d
+        nelems = n
+    return round_up(nelems * itemsize, align) // itemsize
 
 
 def same_layout(op, *arrays):

@@ -26,6 +26,8 @@ from numbatma.intrinsics import (
 )
 
 from ._exact_store import ExactStore, tail_store_nd
+from ._launch import MAX_BOX, ceil_div, round_up
+from ._plan import Plan
 
 __all__ = ["TmaCopy", "tma_copy", "default_box"]
 
@@ -34,18 +36,14 @@ def default_box(shape, itemsize, swizzle=0):
     """A box of at most 128 bytes per row (or the swizzle span) and at most 8 KiB in all."""
     rank = len(shape)
     row_bytes = int(swizzle) if swizzle else 128
-    inner = max(16 // itemsize, min(row_bytes // itemsize, _round_up(shape[-1], 16 // itemsize)))
+    inner = max(16 // itemsize, min(row_bytes // itemsize, round_up(shape[-1], 16 // itemsize)))
     box = [inner]
     budget = max(1, 8192 // (inner * itemsize))
     for d in reversed(shape[:-1]):
-        b = min(d, budget, 256)
+        b = min(d, budget, MAX_BOX)
         box.append(b)
         budget = max(1, budget // b)
     return tuple(reversed(box))[:rank]
-
-
-def _round_up(x, m):
-    return -(-x // m) * m
 
 
 # -- the kernels: one per rank, because a coordinate tuple has a fixed length -----------------------------
@@ -119,9 +117,12 @@ def _copy_kernel(rank, box, shared_shape, nb_dtype, alignment, swizzle, tma_part
     return tma_copy_kernel
 
 
-class TmaCopy:
+class TmaCopy(Plan):
     """A planned box-by-box copy ``dst[...] = src`` (same shape and dtype, any CUDA arrays, rank 1-5): one CTA
-    per box of ``box`` (default :func:`default_box`), optional ``swizzle`` of the shared tile."""
+    per box of ``box`` (default :func:`default_box`), optional ``swizzle`` of the shared tile. Follows the plan
+    contract of :class:`numbatma.kernels.Plan` (``launch(stream)`` returns ``dst``)."""
+
+    block = 32  # one issuing thread (a whole warp launched)
 
     def __init__(self, src, dst, box=None, *, swizzle=0):
         ls, ld = array_layout(src), array_layout(dst)
@@ -134,20 +135,21 @@ class TmaCopy:
         self.src_map = s = TensorMap(src, box, swizzle=swizzle)
         self.out = ExactStore(dst, box, swizzle=swizzle)
         self.dst_map = self.out.map
-        self.tiles = tuple(-(-n // b) for n, b in zip(ls.shape, s.box))
+        self.dst = dst
+        self.tiles = tuple(ceil_div(n, b) for n, b in zip(ls.shape, s.box))
         self.grid = math.prod(self.tiles)
-        self.kernel = _copy_kernel(s.rank, s.box, s.shared_shape, s.numba_type.dtype, s.shared_alignment,
-                                   int(s.swizzle), self.out.tma, self.out.has_tail)
+        self.kernel = None if self.grid == 0 else _copy_kernel(  # (no blocks for an empty array: no launch)
+            s.rank, s.box, s.shared_shape, s.numba_type.dtype, s.shared_alignment, int(s.swizzle), self.out.tma,
+            self.out.has_tail)
 
     @property
     def args(self):
         """The kernel's arguments (valid offline, e.g. for ``numbatma.compile.compile_ptx``)."""
         return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, self.tiles)
 
-    def launch(self, stream=0):
-        if self.grid:
-            args = self.args
-            self.kernel[self.grid, 32, stream](*args[:2], self.out.launch_tail, *args[3:])
+    @property
+    def output(self):
+        return self.dst
 
 
 def tma_copy(src, dst, box=None, *, swizzle=0, stream=0):

@@ -73,6 +73,7 @@ from numbatma.intrinsics import (
 from ._exact_store import ExactStore, tail_store_2d
 from . import _launch
 from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
+from ._plan import Plan, run
 
 __all__ = ["Gemm", "gemm", "GemmConfig"]
 
@@ -443,7 +444,7 @@ def _tile_origin_dev(t, tiles_m, tiles_n, group_m):
     return (first_m + r % rows_here) * BM, r // rows_here
 
 
-class Gemm:
+class Gemm(Plan):
     """A planned ``c[...] = alpha * a @ b + beta * c`` on tensor cores (see the module docstring).
 
     ``a``: (M, K); ``b``: (K, N), or (N, K) with ``b_layout="nk"``; ``c``: (M, N). Any CUDA arrays (numba,
@@ -451,7 +452,8 @@ class Gemm:
     ``alpha``, ``beta`` (Python numbers; ``plan.alpha`` / ``plan.beta`` may change between launches, but
     ``beta`` must stay 0 or non-zero as built), ``bn`` (tile width: 64..256), ``stages``, ``warp_specialized``,
     ``group_m`` (tile-order group), ``grid`` (CTAs; default one per SM). ``plan.config`` shows the choice;
-    ``launch(stream)`` runs it (asynchronously).
+    ``launch(stream)`` runs it (asynchronously) and returns ``c`` (the plan contract of
+    :class:`numbatma.kernels.Plan`).
     """
 
     def __init__(self, a, b, c, *, alpha=1.0, beta=0.0, b_layout="kn", bn=None, stages=None,
@@ -477,6 +479,7 @@ class Gemm:
         self.shape = (m, n, k)
         self.dtype, self.out_dtype = la.dtype, lc.dtype
         self.b_layout = b_layout
+        self.c = c
         self.alpha, self.beta = float(alpha), float(beta)
         self.kernel = None
         self._prepared = None
@@ -505,7 +508,7 @@ class Gemm:
         if grid is not None:
             grid = max(1, min(int(grid) // cfg.cluster_m, self.units)) * cfg.cluster_m
         self._grid = grid
-        self.threads = 3 * WARPGROUP if cfg.warp_specialized else 2 * WARPGROUP
+        self.block = 3 * WARPGROUP if cfg.warp_specialized else 2 * WARPGROUP
         self.flops = 2.0 * m * n * k
         self.kernel = _gemm_kernel(self.a_map.numba_type.dtype, self.c_map.numba_type.dtype, cfg.bn, cfg.stages,
                                    b_layout == "nk", cfg.warp_specialized, cfg.group_m, cfg.epilogue_cols, has_beta,
@@ -521,9 +524,8 @@ class Gemm:
             if cm == 1:
                 self._grid = persistent_grid(self.units)
             else:
-                args = self.args
-                fits = max_active_clusters(self.kernel, (*args[:4], self.out.launch_tail, *args[5:]), self.threads,
-                                           self.config.smem_bytes, (cm, 1, 1))
+                fits = max_active_clusters(self.kernel, self.launch_args(), self.block, self.config.smem_bytes,
+                                           (cm, 1, 1))
                 self._grid = cm * max(1, min(self.units, fits))
         return self._grid
 
@@ -534,18 +536,28 @@ class Gemm:
         return (self.a_map, self.b_map, self.c_map, self.c_load, self.out.tail, self.out.aligned, m, n, k,
                 np.float32(self.alpha), np.float32(self.beta))
 
+    threads = property(lambda self: self.block, doc="``block`` (the earlier name).")
+
+    @property
+    def shared_mem(self):
+        return self.config.smem_bytes
+
+    @property
+    def output(self):
+        return self.c
+
     def launch(self, stream=0):
-        """Run the GEMM on ``stream`` (asynchronous, like any launch). The launch is prepared on first use
-        (:func:`numbatma.prepare_launch`: a few microseconds of host time per launch instead of tens) and again
-        when ``alpha`` or ``beta`` changed."""
+        """Run the GEMM on ``stream`` (asynchronous, like any launch) and return ``c``. The launch is prepared on
+        first use (:func:`numbatma.prepare_launch`: a few microseconds of host time per launch instead of tens)
+        and again when ``alpha`` or ``beta`` changed."""
         if self.kernel is None:
-            return
+            return self.c
         key = (self.alpha, self.beta)
         if self._prepared is None or self._prepared[0] != key:
-            args = self.args
-            self._prepared = key, prepare_launch(self.kernel, (*args[:4], self.out.launch_tail, *args[5:]),
-                                                 self.grid, self.threads, self.config.smem_bytes)
+            self._prepared = key, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
+                                                 self.shared_mem)
         self._prepared[1](stream)
+        return self.c
 
     def __repr__(self):
         m, n, k = self.shape
@@ -554,7 +566,5 @@ class Gemm:
 
 def gemm(a, b, c, **options):
     """``c[...] = alpha * a @ b + beta * c`` with :class:`Gemm` (options as there, plus ``stream``); returns c."""
-    stream = options.pop("stream", 0)
-    Gemm(a, b, c, **options).launch(stream)
-    return c
+    return run(Gemm, a, b, c, **options)
 

@@ -44,7 +44,8 @@ from numbatma.intrinsics import (
 )
 
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
+from ._launch import BOX_ALIGN, MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, round_up
+from ._plan import Plan, run
 
 __all__ = ["Laplacian5", "laplacian5"]
 
@@ -55,14 +56,10 @@ DEFAULT_STAGES = 4
 DEFAULT_CONSUMER_WARPS = 4
 DEFAULT_CTAS_PER_SM = 2
 MAX_SHARED_BYTES = SMEM_PER_BLOCK  # dynamic + static
-_ALIGN = 128  # every TMA buffer starts on a 128-byte boundary
+_ALIGN = BOX_ALIGN  # every TMA buffer starts on a 128-byte boundary
 _STATIC_SMEM = 2048  # static shared memory of the kernel as ptxas reports it (mbarriers + alignment)
 _NAMED_BARRIER = 1  # id 0 is __syncthreads
 _CHUNK = 8  # rows whose shared-memory loads a consumer thread issues together
-
-
-def _round_up(x, m):
-    return -(-x // m) * m
 
 
 def smem_layout(dtype, tile, stages):
@@ -74,8 +71,8 @@ def smem_layout(dtype, tile, stages):
     in_size = (br + 2) * (bc + 2 * halo)
     out_size = br * bc
     align = _ALIGN // itemsize
-    in_stride = _round_up(in_size, align)
-    out_stride = _round_up(out_size, align)
+    in_stride = round_up(in_size, align)
+    out_stride = round_up(out_size, align)
     out_base = stages * in_stride
     nbytes = (out_base + 2 * out_stride) * itemsize
     return in_stride, in_size, out_base, out_stride, out_size, nbytes
@@ -266,20 +263,21 @@ def _check_tile(tile, dtype):
         raise TensorMapError(f"{op}: tile must be a pair of integers (rows, columns), got {tile!r}.")
     itemsize = np.dtype(dtype).itemsize
     halo = 16 // itemsize
-    if not 1 <= br <= 254:
+    if not 1 <= br <= MAX_BOX - 2:
         raise TensorMapError(
-            f"{op}: tile={tile!r} has {br} rows; the haloed load box has rows + 2 <= 256, so use 1..254 rows."
+            f"{op}: tile={tile!r} has {br} rows; the haloed load box has rows + 2 <= {MAX_BOX}, so use "
+            f"1..{MAX_BOX - 2} rows."
         )
-    max_cols = 256 - 2 * halo
+    max_cols = MAX_BOX - 2 * halo
     if not (1 <= bc <= max_cols) or bc % halo:
         raise TensorMapError(
             f"{op}: tile={tile!r} has {bc} columns; for {np.dtype(dtype).name} the columns must be a multiple of "
-            f"{halo} (16 bytes) in {halo}..{max_cols} (the haloed load box is columns + {2 * halo} <= 256 wide)."
+            f"{halo} (16 bytes) in {halo}..{max_cols} (the haloed load box is columns + {2 * halo} <= {MAX_BOX} wide)."
         )
     return br, bc
 
 
-class Laplacian5:
+class Laplacian5(Plan):
     """A planned 5-point Laplacian ``dst = laplace(src)`` with a zero boundary (see the module docstring).
 
     ``Laplacian5(src, dst, *, tile=None, stages=4, consumer_warps=4, ctas_per_sm=2, l2_promotion=256)``
@@ -301,7 +299,8 @@ class Laplacian5:
       rows were just loaded by the tile above). On an H200 "rows" reads ~12% more from DRAM (ncu: the halo
       rows) but is faster, 3.64 vs 3.15 TB/s: DRAM locality across CTAs matters more than halo reuse.
 
-    Validation needs no GPU; the kernel compiles on the first :meth:`launch`.
+    Validation needs no GPU; the kernel compiles on the first :meth:`launch`. Follows the plan contract of
+    :class:`numbatma.kernels.Plan` (``launch(stream)`` returns ``dst``).
     """
 
     def __init__(
@@ -340,7 +339,7 @@ class Laplacian5:
                     f"contiguous ({itemsize} bytes). Pass a contiguous array (e.g. a copy)."
                 )
             if lay.strides[0] <= 0 or lay.strides[0] % 16:
-                padded = _round_up(lay.shape[1], halo)
+                padded = round_up(lay.shape[1], halo)
                 raise TensorMapError(
                     f"{op}: the rows of {what} (a {lay.name}) are {lay.strides[0]} bytes apart; TMA needs the row "
                     f"stride to be a positive multiple of 16 bytes, i.e. a column count that is a multiple of "
@@ -372,11 +371,11 @@ class Laplacian5:
         self.stages = int(stages)
         self.consumer_warps = int(consumer_warps)
         self.ctas_per_sm = int(ctas_per_sm)
-        self.smem_bytes = smem_layout(dtype, self.tile, self.stages)[-1]
+        self.shared_mem = smem_layout(dtype, self.tile, self.stages)[-1]
         static = _STATIC_SMEM  # the pipeline's mbarriers, placed before the 1024-aligned dynamic buffer
-        if self.smem_bytes + static > MAX_SHARED_BYTES:
+        if self.shared_mem + static > MAX_SHARED_BYTES:
             raise TensorMapError(
-                f"{op}: tile={self.tile} with stages={self.stages} needs {self.smem_bytes + static} bytes of "
+                f"{op}: tile={self.tile} with stages={self.stages} needs {self.shared_mem + static} bytes of "
                 f"shared memory per CTA; the limit is {MAX_SHARED_BYTES}. Use fewer stages or a smaller tile."
             )
         br, bc = self.tile
@@ -393,9 +392,14 @@ class Laplacian5:
         self.src = src
         self.dst = dst
 
+    smem_bytes = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
+
     @property
     def kernel(self):
-        """The ``@cuda.jit`` kernel (compiled for this plan's dtype, tile, stages and consumer warps)."""
+        """The ``@cuda.jit`` kernel (compiled for this plan's dtype, tile, stages and consumer warps); None for
+        an empty array."""
+        if self.empty:
+            return None
         return _laplacian_kernel(self.dtype.name, *self.tile, self.stages, self.consumer_warps, self.walk,
                                  self.out.tma, self.out.has_tail)
 
@@ -404,26 +408,32 @@ class Laplacian5:
         """The kernel's arguments: ``(src_map, dst_map, dst_tail, aligned, ntiles, tile_cols)``."""
         return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, self.ntiles, self.tile_cols)
 
+    @property
     def grid(self):
-        """Persistent grid size (needs the GPU to count SMs)."""
-        return persistent_grid(self.ntiles, self.ctas_per_sm)
+        """Persistent grid size (needs the GPU to count SMs). An int; calling it (``plan.grid()``, the earlier
+        method form) gives the same number."""
+        return _CallableInt(persistent_grid(self.ntiles, self.ctas_per_sm))
 
-    def launch(self, stream=0):
-        """Run the stencil on ``stream``; returns ``dst``."""
-        if self.empty:
-            return self.dst
-        args = self.args
-        self.kernel[self.grid(), self.block, stream, self.smem_bytes](*args[:2], self.out.launch_tail, *args[3:])
+    @property
+    def output(self):
         return self.dst
 
     def __repr__(self):
         return (
             f"Laplacian5({self.dtype.name}{self.shape}, tile={self.tile}, stages={self.stages}, "
-            f"consumer_warps={self.consumer_warps}, ctas_per_sm={self.ctas_per_sm}, smem={self.smem_bytes} B)"
+            f"consumer_warps={self.consumer_warps}, ctas_per_sm={self.ctas_per_sm}, smem={self.shared_mem} B)"
         )
 
 
 def laplacian5(src, dst, *, stream=0, **options):
     """``dst[i, j] = src[i-1, j] + src[i+1, j] + src[i, j-1] + src[i, j+1] - 4 * src[i, j]`` with zeros outside
     the array; builds a :class:`Laplacian5` plan (``options`` as there) and launches it. Returns ``dst``."""
-    return Laplacian5(src, dst, **options).launch(stream)
+    return run(Laplacian5, src, dst, stream=stream, **options)
+
+
+class _CallableInt(int):
+    """An int that returns itself when called: ``Laplacian5.grid`` was a method before it became the int
+    attribute of the plan contract."""
+
+    def __call__(self):
+        return int(self)

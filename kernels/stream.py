@@ -16,9 +16,7 @@ from numba import cuda
 from numbatma import TensorMap, TensorMapError, array_layout
 from numbatma.intrinsics import (
     Pipeline,
-    bulk_commit_group,
     bulk_wait_group,
-    bulk_wait_group_read,
     elect_one_sync,
     fence_proxy_async_shared_cta,
     l2_policy_evict_first,
@@ -28,12 +26,13 @@ from numbatma.intrinsics import (
     tma_store_hinted,
 )
 
+from ._device import persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, same_layout
+from ._launch import MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, same_layout, slot_elems
+from ._plan import Plan, run
 
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
 
-MAX_BOX = 256
 SMEM_LIMIT = SMEM_PER_BLOCK - 1024  # less the pipeline's static barriers
 
 
@@ -77,24 +76,19 @@ def _tile(layout, tile_bytes, tiles_per_ring=1, max_cols=MAX_BOX):
     per16 = max(1, 16 // item)
     tc = min(max_cols, ceil_div(cols, per16) * per16)
     tr = max(1, min(MAX_BOX, tile_bytes // (tc * item), rows))
-    while tr > 1 and tiles_per_ring * _slot_elems((tr, tc), item) * item > SMEM_LIMIT:
+    while tr > 1 and tiles_per_ring * slot_elems((tr, tc), item) * item > SMEM_LIMIT:
         tr //= 2
     return tr, tc
 
 
 # -- the copy kernel ------------------------------------------------------------------------------------
-def _slot_elems(tile, itemsize, align=128):
-    """Elements between consecutive tiles in shared memory: TMA wants each tile 128-byte aligned."""
-    nbytes = tile[0] * tile[1] * itemsize
-    return ceil_div(nbytes, align) * align // itemsize
-
-
 @functools.lru_cache(maxsize=None)
 def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_tail=False):
     tr, tc = tile
-    tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
+    tile_elems = slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0  # a stage is refilled once the store issued *before* the current one read it
     store_tail = tail_store_2d(tile, nb_dtype.bitwidth // 8)
+    release = store_release(lag)
 
     @cuda.jit(device=True, inline="always")
     def load(pipe, ring, src, t, tiles_c, policy):
@@ -113,9 +107,7 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_t
         pipe = Pipeline(stages, 1, 1)
         if cuda.threadIdx.x == 0:
             policy = l2_policy_evict_first()
-            first = cuda.blockIdx.x
-            step = cuda.gridDim.x
-            mine = (ntiles - first + step - 1) // step
+            first, step, mine = persistent_share(ntiles)
             for i in range(min(stages, mine)):  # fill the ring
                 load(pipe, ring, src, first + i * step, tiles_c, policy)
             for i in range(mine):
@@ -130,10 +122,8 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_t
                         tma_store(dst, coords, tile)
                 if has_tail:  # the rows' last partial 16-byte unit: ordinary stores from the tile
                     store_tail(tile, tail, coords[0], coords[1], aligned, 0, 1)
-                bulk_commit_group()
-                if i >= lag:
-                    bulk_wait_group_read(lag)
-                    pipe.consumer_release()
+                release(pipe, i)  # commit; once the store before this one read its stage, free it
+                if i >= lag:  # and refill the freed stage
                     j = i - lag + stages
                     if j < mine:
                         load(pipe, ring, src, first + j * step, tiles_c, policy)
@@ -148,17 +138,16 @@ def _copy_kernel_two_roles(stages, tile, nb_dtype, tma_part=True, has_tail=False
     storer's ``wait_group.read``; the storer releases a stage once the store before the current one read
     it."""
     tr, tc = tile
-    tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
+    tile_elems = slot_elems(tile, nb_dtype.bitwidth // 8)
     lag = 1 if stages > 1 else 0
     store_tail = tail_store_2d(tile, nb_dtype.bitwidth // 8)
+    release = store_release(lag)
 
     @cuda.jit
     def stream_copy_two_roles_kernel(src, dst, tail, aligned, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
-        first = cuda.blockIdx.x
-        step = cuda.gridDim.x
-        mine = (ntiles - first + step - 1) // step
+        first, step, mine = persistent_share(ntiles)
         if cuda.threadIdx.x // 32 == 0:
             if elect_one_sync():
                 for i in range(mine):
@@ -178,16 +167,13 @@ def _copy_kernel_two_roles(stages, tile, nb_dtype, tma_part=True, has_tail=False
                     tma_store(dst, (r0, c0), tile)
                 if has_tail:
                     store_tail(tile, tail, r0, c0, aligned, 0, 1)
-                bulk_commit_group()
-                if i >= lag:
-                    bulk_wait_group_read(lag)
-                    pipe.consumer_release()
+                release(pipe, i)
             bulk_wait_group(0)
 
     return stream_copy_two_roles_kernel
 
 
-class StreamCopy:
+class StreamCopy(Plan):
     """A planned copy ``dst[...] = src`` through shared memory with TMA: persistent CTAs, one issuing
     thread each, a ring of ``stages`` tiles of about ``tile_bytes`` bytes.
 
@@ -196,6 +182,7 @@ class StreamCopy:
     ``stages=1`` gives the unpipelined version (load, store, wait, repeat) for comparison.
     ``evict_first=True`` marks the loads and stores with an L2 evict-first policy (``.L2::cache_hint``).
     ``two_roles=True`` uses a loading warp and a storing warp instead of one thread doing both.
+    Follows the plan contract of :class:`numbatma.kernels.Plan` (``launch(stream)`` returns ``dst``).
     """
 
     def __init__(self, src, dst, *, stages=4, tile_bytes=16384, ctas_per_sm=1, l2_promotion=0,
@@ -204,6 +191,7 @@ class StreamCopy:
         same_layout(op, src, dst)
         if not 1 <= stages <= 32:
             raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
+        self.dst = dst
         self.ntiles = 0
         if math.prod(array_layout(src).shape) == 0:
             return
@@ -216,32 +204,32 @@ class StreamCopy:
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
         self.stages = stages
-        self.smem = stages * _slot_elems(self.tile, ls.dtype.itemsize) * ls.dtype.itemsize
+        self.shared_mem = stages * slot_elems(self.tile, ls.dtype.itemsize) * ls.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
         nb_dtype = self.src_map.numba_type.dtype
         exact = (self.out.tma, self.out.has_tail)
         if two_roles:
-            self.kernel, self.threads = _copy_kernel_two_roles(stages, self.tile, nb_dtype, *exact), 64
+            self.kernel, self.block = _copy_kernel_two_roles(stages, self.tile, nb_dtype, *exact), 64
         else:
-            self.kernel, self.threads = _copy_kernel(stages, self.tile, nb_dtype, bool(evict_first), *exact), 32
+            self.kernel, self.block = _copy_kernel(stages, self.tile, nb_dtype, bool(evict_first), *exact), 32
         self.nbytes = 2 * math.prod(ls.shape) * ls.dtype.itemsize  # read + written
+
+    smem = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
+    threads = property(lambda self: self.block, doc="``block`` (the earlier name).")
 
     @property
     def args(self):
         """The kernel's arguments (valid offline, e.g. for ``numbatma.compile.compile_ptx``)."""
         return (self.src_map, self.dst_map, self.out.tail, self.out.aligned, self.tiles_c, self.ntiles)
 
-    def launch(self, stream=0):
-        if self.ntiles:
-            args = self.args
-            self.kernel[self.grid, self.threads, stream, self.smem](*args[:2], self.out.launch_tail, *args[3:])
+    @property
+    def output(self):
+        return self.dst
 
 
 def stream_copy(src, dst, **options):
-    """``dst[...] = src`` with :class:`StreamCopy`; returns ``dst``."""
-    stream = options.pop("stream", 0)
-    StreamCopy(src, dst, **options).launch(stream)
-    return dst
+    """``dst[...] = src`` with :class:`StreamCopy` (options as there, plus ``stream``); returns ``dst``."""
+    return run(StreamCopy, src, dst, **options)
 
 
 # -- axpy: warp-specialized, TMA in and out -------------------------------------------------------------
@@ -252,11 +240,12 @@ CONSUMERS = 32 * CONSUMER_WARPS
 @functools.lru_cache(maxsize=None)
 def _axpy_kernel(stages, tile, nb_dtype, tma_part=True, has_tail=False):
     tr, tc = tile
-    tile_elems = _slot_elems(tile, nb_dtype.bitwidth // 8)
+    tile_elems = slot_elems(tile, nb_dtype.bitwidth // 8)
     stage_elems = 2 * tile_elems  # x tile, then y tile
     n = tr * tc
     lag = 1 if stages > 1 else 0
     store_tail = tail_store_2d(tile, nb_dtype.bitwidth // 8)
+    release = store_release(lag)
 
     @cuda.jit
     def axpy_kernel(a, x, y, out, tail, aligned, tiles_c, ntiles):
@@ -264,9 +253,7 @@ def _axpy_kernel(stages, tile, nb_dtype, tma_part=True, has_tail=False):
         # full: the producer's arrival + TMA bytes; empty: the storing consumer thread's arrival
         pipe = Pipeline(stages, 1, 1)
         warp = cuda.threadIdx.x // 32
-        first = cuda.blockIdx.x
-        step = cuda.gridDim.x
-        mine = (ntiles - first + step - 1) // step
+        first, step, mine = persistent_share(ntiles)
         if warp == 0:
             # producer warp: one elected lane loads x and y tiles into each stage
             if elect_one_sync():
@@ -299,23 +286,21 @@ def _axpy_kernel(stages, tile, nb_dtype, tma_part=True, has_tail=False):
                 if me == 0:
                     if tma_part and c0 < aligned:  # out describes columns [0, aligned): exact
                         tma_store(out, (r0, c0), shared_view(ring, base, (tr, tc)))
-                    bulk_commit_group()
-                    if i >= lag:
-                        bulk_wait_group_read(lag)
-                        pipe.consumer_release()
+                    release(pipe, i)
             if me == 0:
                 bulk_wait_group(0)
 
     return axpy_kernel
 
 
-class Axpy:
+class Axpy(Plan):
     """A planned ``out = a * x + y`` (float32 or float64 arrays of one shape; ``a`` a Python scalar given
     at construction, changeable with ``plan.a = ...``).
 
     One producer warp (an elected lane issues TMA loads of the x and y tiles of a stage) and four
     consumer warps (compute in shared memory, over the x tile, which one thread TMA-stores to ``out``; the
-    stage is released once the store has read it). Persistent grid, ``stages`` stages.
+    stage is released once the store has read it). Persistent grid, ``stages`` stages. Follows the plan
+    contract of :class:`numbatma.kernels.Plan` (``launch(stream)`` returns ``out``).
     """
 
     def __init__(self, a, x, y, out, *, stages=3, tile_bytes=32768, ctas_per_sm=1, l2_promotion=256):
@@ -325,6 +310,7 @@ class Axpy:
             raise TensorMapError(f"{op}: x is a {layout.name}; Axpy supports float32 and float64.")
         if not 1 <= stages <= 32:
             raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
+        self.dst = out
         self.ntiles = 0
         if math.prod(layout.shape) == 0:
             return
@@ -338,11 +324,14 @@ class Axpy:
         self.tiles_c = ceil_div(cols, self.tile[1])
         self.ntiles = ceil_div(rows, self.tile[0]) * self.tiles_c
         self.stages = stages
-        self.smem = stages * 2 * _slot_elems(self.tile, lx.dtype.itemsize) * lx.dtype.itemsize
+        self.shared_mem = stages * 2 * slot_elems(self.tile, lx.dtype.itemsize) * lx.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
         self.a = layout.dtype.type(a)
         self.kernel = _axpy_kernel(stages, self.tile, self.x_map.numba_type.dtype, self.out.tma, self.out.has_tail)
         self.nbytes = 3 * math.prod(lx.shape) * lx.dtype.itemsize  # two reads, one write
+
+    block = 32 + CONSUMERS  # a producer warp and the consumer warps
+    smem = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
 
     @property
     def args(self):
@@ -350,14 +339,11 @@ class Axpy:
         return (self.a, self.x_map, self.y_map, self.out_map, self.out.tail, self.out.aligned, self.tiles_c,
                 self.ntiles)
 
-    def launch(self, stream=0):
-        if self.ntiles:
-            args = self.args
-            self.kernel[self.grid, 32 + CONSUMERS, stream, self.smem](*args[:4], self.out.launch_tail, *args[5:])
+    @property
+    def output(self):
+        return self.dst
 
 
 def axpy(a, x, y, out, **options):
-    """``out = a * x + y`` with :class:`Axpy`; returns ``out``."""
-    stream = options.pop("stream", 0)
-    Axpy(a, x, y, out, **options).launch(stream)
-    return out
+    """``out = a * x + y`` with :class:`Axpy` (options as there, plus ``stream``); returns ``out``."""
+    return run(Axpy, a, x, y, out, **options)

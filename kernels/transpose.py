@@ -46,8 +46,10 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
+from ._device import persistent_share
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
+from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
+from ._plan import Plan, run
 
 __all__ = ["Transpose", "transpose", "default_tile", "UNIT_SHAPES"]
 
@@ -55,7 +57,6 @@ ITEMSIZES = (2, 4, 8)
 # Elements (rows, cols) of the source one consumer warp transposes at a time.
 UNIT_SHAPES = {4: (32, 32), 2: (64, 64), 8: (32, 16)}
 DEFAULT_TILES = {4: (64, 64), 2: (128, 128), 8: (64, 32)}
-MAX_BOX = 256
 SMEM_LIMIT = SMEM_PER_BLOCK
 ORDERS = ("src", "dst")
 
@@ -222,8 +223,7 @@ def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stag
         pipe = Pipeline(stages, 1, ncw)
         warp = cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
-        first = cuda.blockIdx.x
-        step = cuda.gridDim.x
+        first, step, _ = persistent_share(ntiles)  # tiles first, first + step, ... < ntiles
         if warp == ncw:
             # producer warp: one elected lane streams the tiles into the stages
             if elect_one_sync():
@@ -304,7 +304,7 @@ def _check_tile(op, itemsize, dtype_name, tile):
     return tm, tn
 
 
-class Transpose:
+class Transpose(Plan):
     """A planned out-of-place transpose ``dst[...] = src.T`` of a 2-D CUDA array with TMA.
 
     ``src``: a 2-D CUDA array (numba, CuPy, torch: anything with ``__cuda_array_interface__`` or
@@ -323,7 +323,8 @@ class Transpose:
     ``ctas_per_sm * SMs``; each CTA loops over tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...``).
 
     Shared memory per CTA: ``(stages + out_stages) * tile_m * tile_n * itemsize`` bytes (at most 226 KiB).
-    TensorMaps and the kernel are built here; ``launch(stream)`` runs it.
+    TensorMaps and the kernel are built here; ``launch(stream)`` runs it and returns ``dst`` (the plan contract
+    of :class:`numbatma.kernels.Plan`).
     """
 
     def __init__(self, src, dst, *, stages=4, ctas_per_sm=None, tile=None, consumer_warps=4, out_stages=2,
@@ -391,10 +392,10 @@ class Transpose:
         self.consumer_warps = consumer_warps
         self.ctas_per_sm = ctas_per_sm
         self.order = order
-        self.threads = 32 * (consumer_warps + 1)
-        self.smem = self.geometry.smem
+        self.block = 32 * (consumer_warps + 1)
+        self.shared_mem = self.geometry.smem
         if self.ctas_per_sm is None:  # two CTAs per SM when two fit (measured faster on an H200)
-            self.ctas_per_sm = 2 if 2 * (self.smem + 2048) <= SMEM_PER_SM else 1
+            self.ctas_per_sm = 2 if 2 * (self.shared_mem + 2048) <= SMEM_PER_SM else 1
         self.nbytes = 2 * m * n * itemsize  # read + written
         tm, tn = self.tile
         w = self.geometry.W
@@ -426,12 +427,12 @@ class Transpose:
             self._grid = persistent_grid(self.ntiles, self.ctas_per_sm)
         return self._grid
 
-    def launch(self, stream=0):
-        """Run the transpose on ``stream`` (asynchronous, like any kernel launch)."""
-        if self.kernel is None:
-            return
-        args = self.args
-        self.kernel[self.grid, self.threads, stream, self.smem](*args[:2], self.out.launch_tail, *args[3:])
+    smem = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
+    threads = property(lambda self: self.block, doc="``block`` (the earlier name).")
+
+    @property
+    def output(self):
+        return self.dst
 
     def __repr__(self):
         m, n = self.shape
@@ -441,6 +442,4 @@ class Transpose:
 
 def transpose(src, dst, **options):
     """``dst[...] = src.T`` with :class:`Transpose` (options as there, plus ``stream``); returns ``dst``."""
-    stream = options.pop("stream", 0)
-    Transpose(src, dst, **options).launch(stream)
-    return dst
+    return run(Transpose, src, dst, **options)

@@ -3,6 +3,7 @@ compile to PTX and link for sm_90a / sm_100a offline with TMA in the SASS, and r
 clear TensorMapErrors."""
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ from numbatma.kernels import RowSum, Softmax
 
 from fakes import FakeCudaArray
 
-BF16 = "<V2"  # bfloat16's typestr (numbatma reads it as bfloat16 through ml_dtypes)
+BF16 = ml_dtypes.bfloat16  # typestr "<V2" (np.dtype("<V2") would be raw bytes, "|V2", which numbatma refuses)
 
 
 def arrays(shape, out_shape=None, dtype=np.float32, out_dtype=None):

@@ -29,31 +29,31 @@ def test_tma_copy_rank3():
 def test_stream_copy(stages, two_roles):
     x = data((40, 68))
     y = np.full_like(x, np.nan)
-    StreamCopy(cuda.to_device(x), y, stages=stages, tile_bytes=1024, two_roles=two_roles).launch()
+    assert StreamCopy(cuda.to_device(x), y, stages=stages, tile_bytes=1024, two_roles=two_roles).launch() is y
     np.testing.assert_array_equal(y, x)
 
 
 def test_axpy():
     x, y = data((24, 64)), data((24, 64))
     out = np.full_like(x, np.nan)
-    Axpy(1.5, x, y, out, stages=2, tile_bytes=2048).launch()
+    assert Axpy(1.5, x, y, out, stages=2, tile_bytes=2048).launch() is out
     np.testing.assert_allclose(out, np.float32(1.5) * x + y, rtol=1e-6, atol=1e-6)
 
 
 def test_transpose():
     x = data((40, 72))
     y = np.full((72, 40), np.nan, np.float32)
-    Transpose(x, y).launch()
+    assert Transpose(x, y).launch() is y  # (every plan's launch returns its output)
     np.testing.assert_array_equal(y, x.T)
 
 
 def test_row_sum_and_softmax():
     x = data((12, 200))
     s = np.full(12, np.nan, np.float32)
-    RowSum(x, s).launch()
+    assert RowSum(x, s).launch() is s
     np.testing.assert_allclose(s, x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
     out = np.full_like(x, np.nan)
-    Softmax(x, out).launch()
+    assert Softmax(x, out).launch() is out
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
 
