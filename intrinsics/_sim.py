@@ -53,6 +53,10 @@ class SimulatedMisuse(RuntimeError):
     """An operation whose result on the GPU would be undefined (wrong byte counts, uninitialised barrier)."""
 
 
+class SimulatedTypingError(SimulatedMisuse, TypeError):
+    """An operand the GPU build refuses at typing time (a numba TypingError there), with the typer's words."""
+
+
 # -- per-block state ----------------------------------------------------------------------------------------
 class _BlockState:
     def __init__(self):
@@ -64,9 +68,10 @@ class _BlockState:
         self.fills = {}  # 128-byte line -> [_Fill]: shared bytes copies write, until a thread may read them
         self.unfenced = set()  # threads with shared writes not yet followed by fence.proxy.async
         self.reads = []  # _StoreRead: shared bytes a TMA store still reads, until its group is waited for
-        self.sync_pool = {}  # knowledge published at block barriers (key -> phases known complete)
+        self.sync_pool = {}  # barrier instance -> knowledge published there (key -> phases known complete)
         self.hang_checked = 0.0  # time of the last hang check
         self.channels = {}  # key -> threading.Condition (see _channel)
+        self.started = 0  # threads of the block that have started (a hang needs every one started)
 
 
 def _thread():
@@ -141,6 +146,9 @@ def describe_site(site):
 class BarrierRef:
     """``mbarrier_ref(bars, i)`` under the simulator: the address of a barrier and a name for messages."""
 
+    pipeline = None  # a Pipeline's barrier: the SimPipeline and "full" / "empty" (arrival-count check)
+    kind = None
+
     def __init__(self, address, name):
         self.address = address
         self.name = name
@@ -171,6 +179,10 @@ class _MBarrier:
         self.waiters = 0
         self.carried = {}  # knowledge of the threads that arrived in the current phase (release)
         self.released = {}  # knowledge a thread acquires by seeing a phase complete
+        self.init_thread = None  # the thread that initialised it (others use it once that reached them)
+        self.init_site = ("<unknown>", 0)
+        self.init_fenced = False
+        self.arrivals_by = {}  # pipeline barriers: thread -> arrivals so far (see _check_pipeline_arrival)
 
     def _maybe_complete(self):
         if self.pending == 0 and self.tx == 0:
@@ -192,12 +204,54 @@ class _MBarrier:
         return text
 
 
-def _barrier_state(ref, op):
+def _barrier_state(ref, op, use=True):
+    """The barrier ``ref`` names. ``use``: the calling thread operates on it, so its initialisation must have
+    reached this thread (happens-before: see ``_check_init_known``)."""
     state = block_state()
     b = state.barriers.get(ref.address)
     if b is None:
-        raise SimulatedMisuse(f"{op}: {ref.name} was never initialised (mbarrier_init); on the GPU this is undefined")
+        raise SimulatedMisuse(
+            f"{op}: thread {_who(_thread())} uses {ref.name} before its initialisation reached this thread: no "
+            f"mbarrier_init of it has run (never initialised, or initialised by another thread without "
+            f"fence_mbarrier_init() and a block barrier between the two); on the GPU this is undefined"
+        )
+    if use:
+        _check_init_known(b, op)
     return b
+
+
+def _check_init_known(b, op):
+    """A barrier initialised by another thread may be used only after the initialisation reached this
+    thread: the initialising thread's ``fence_mbarrier_init`` (or ``fence_proxy_async_shared_cta``) and then
+    a block barrier (or any synchronisation that carries what it knows) - not by luck of timing."""
+    me = _thread()
+    if b.init_thread is me or b.init_thread is None or knowledge(me).get(("init", b)):
+        return
+    if b.init_fenced:
+        missing = ("it fenced (fence_mbarrier_init) but no block barrier (cuda.syncthreads()) or other "
+                   "synchronisation orders that before this use")
+    else:
+        missing = "it has not executed fence_mbarrier_init() since, so no block barrier can publish it"
+    raise SimulatedMisuse(
+        f"{op}: thread {_who(me)} uses {b.name} before its initialisation reached this thread: thread "
+        f"{_who(b.init_thread)} initialised it at {b.init_site[0]}:{b.init_site[1]} (mbarrier_init), but {missing}. "
+        f"After mbarrier_init the initialising thread runs fence_mbarrier_init() and then a block barrier before "
+        f"any other thread (or a TMA copy it issues) uses the barrier; on the GPU this thread may see an "
+        f"uninitialised barrier"
+    )
+
+
+def fence_mbarrier_init():
+    """``fence.mbarrier_init``: this thread's initialisations become publishable (a block barrier after it
+    passes them on to the other threads)."""
+    me = _thread()
+    pending = me.__dict__.get("_numbatma_inits")
+    if pending:
+        seen = knowledge(me)
+        for b in pending:
+            b.init_fenced = True
+            seen[("init", b)] = 1
+        me._numbatma_inits = []
 
 
 def mbarrier_init(bar, count):
@@ -214,7 +268,11 @@ def mbarrier_init(bar, count):
                 + "; on the GPU this is undefined. Re-initialise a barrier only when its phase is complete and "
                   "nobody waits on it (mbarrier_inval first)"
             )
-        state.barriers[ref.address] = _MBarrier(int(count), ref.name)
+        b = state.barriers[ref.address] = _MBarrier(int(count), ref.name)
+        b.pipeline = getattr(ref, "pipeline", None)  # (a Pipeline's barrier: named in reports)
+        me = _thread()
+        b.init_thread, b.init_site = me, caller_site()
+        me.__dict__.setdefault("_numbatma_inits", []).append(b)
         _notify(("mbarrier", ref.address))
 
 
@@ -237,9 +295,11 @@ def mbarrier_arrive(bar, count=1, tx=0):
                 f"mbarrier_arrive: {int(count)} arrivals on {b.describe()}; more arrivals than the phase expects "
                 f"is undefined on the GPU"
             )
+        if getattr(ref, "pipeline", None) is not None:
+            _check_pipeline_arrival(ref, b)
         b.pending -= int(count)
         b.arrivals_done += int(count)
-        _merge(b.carried, knowledge(_thread()))
+        _merge(b.carried, _release(_thread()))
         b._maybe_complete()
         _notify(("mbarrier", ref.address))
         return np.uint64(token)
@@ -248,7 +308,10 @@ def mbarrier_arrive(bar, count=1, tx=0):
 def mbarrier_expect_tx(bar, nbytes):
     ref = barrier_of(bar)
     with _lock:
-        _barrier_state(ref, "mbarrier_expect_tx").tx += int(nbytes)
+        b = _barrier_state(ref, "mbarrier_expect_tx")
+        if getattr(ref, "kind", None) == "full":
+            _check_pipeline_refill(ref, b, "Pipeline.load")
+        b.tx += int(nbytes)
 
 
 def mbarrier_complete_tx(bar, nbytes):
@@ -302,22 +365,62 @@ def test_wait_token(bar, token):
         return done
 
 
+def _behind_hint(b, thread, ref):
+    """For a hang report: a waiter that has not seen the phase before the one it waits for fell behind - the
+    phases ran ahead of it (wrong parity, or fewer arrivals per phase than threads that arrive)."""
+    seen = knowledge(thread).get(b, 0)
+    if seen >= b.phase:  # (it saw every completed phase: an ordinary wait for the next one)
+        return ""
+    text = (f" - this thread has seen {seen} of its {b.phase} completed phase(s): it waits for phase {b.phase} "
+            f"with the parity of a phase it never saw (wrong parity? on the GPU a wait on the parity of a completed "
+            f"phase returns at once, with stale data when it runs early)")
+    pipe = getattr(ref, "pipeline", None)
+    if pipe is not None:
+        text += (f"; the phases ran ahead of it: Pipeline({pipe.stages}, {pipe.counts[0]}, {pipe.counts[1]}) "
+                 f"completes a phase of its full barriers with producer_arrivals={pipe.counts[0]} arrivals and of its "
+                 f"empty barriers with consumer_arrivals={pipe.counts[1]}: do they match the threads that commit / "
+                 f"release each stage?")
+    return text
+
+
+def _check_pipeline_refill(ref, b, op):
+    """A Pipeline's producer loading into a stage for round k+1 must know the consumers released round k
+    (it waited on the stage's empty barrier: producer_acquire) - checked by happens-before, not timing."""
+    me = _thread()
+    rounds = b.arrivals_by.get(me, 0)
+    if rounds < 1:
+        return
+    pipe = ref.pipeline
+    stage = (ref.address - address_of(pipe.bars)) // 8
+    empty = block_state().barriers.get(address_of(pipe.bars, pipe.stages + stage))
+    if empty is not None and knowledge(me).get(empty, 0) >= rounds:
+        return
+    raise SimulatedMisuse(
+        f"{op}: thread {_who(me)} refills stage {stage} of {pipe.name} for round {rounds + 1} before it knows "
+        f"the consumers released round {rounds} (phase {rounds - 1} of the stage's empty barrier: this thread "
+        f"has not waited for it): the copy may overwrite the stage while they still read it. Call "
+        f"producer_acquire() before loading a stage again"
+    )
+
+
 def _wait_on(ref, op, ready_for, what):
     site = caller_site()
+    me = _thread()
     with _lock:
         b = _barrier_state(ref, op)
         b.waiters += 1
     seen = []
     try:
         def ready():
-            b = _barrier_state(ref, op)
+            b = _barrier_state(ref, op, use=False)
             if ready_for(b):
                 seen.append(b.phase)
                 return True
             return False
 
         def describe():
-            return f"{op}({ref.name}, {what}) at {site[0]}:{site[1]}; {block_state().barriers[ref.address].describe()}"
+            b = block_state().barriers[ref.address]
+            return f"{op}({ref.name}, {what}) at {site[0]}:{site[1]}; {b.describe()}{_behind_hint(b, me, ref)}"
 
         wait_until(ready, describe, ("mbarrier", ref.address))
     finally:
@@ -373,15 +476,19 @@ def _wait_loop(me, manager, state, ready, describe, key):
 
 
 def _check_hang(me, manager, state):
+    if state.started < int(np.prod(manager._block_dim)):
+        return  # a thread that has not started yet may still release the others (heavy CPU load)
     live = _live_threads(manager)
     stuck = all(t in state.waiting or getattr(t, "syncthreads_blocked", False) for t in live)
     if not stuck or any(_ready_safely(t) for t in live if t in state.waiting):
         return
-    lines = []
+    groups = {}  # the same wait of many threads (a warp of consumers) is one line, so every distinct wait shows
     for t in live:
         where = state.waiting.get(t)
         what = where() if where else "cuda.syncthreads()"
-        lines.append(f"  thread {tuple(t.threadIdx)}: {what}")
+        groups.setdefault(what, []).append(tuple(t.threadIdx))
+    lines = [f"  thread {who[0]}" + (f" (and {len(who) - 1} more thread(s) with the same wait)" if len(who) > 1 else "")
+             + f": {what}" for what, who in groups.items()]
     state.waiting.clear()
     raise SimulatedHang(
         "every live thread of block " + str(tuple(me.blockIdx)) + " waits and none can proceed "
@@ -464,6 +571,64 @@ def _who(thread):
     return tuple(thread.threadIdx)
 
 
+# -- thread lifetime -------------------------------------------------------------------------------------------
+def thread_started(thread):
+    """Called by each simulated thread as it starts (numbatma's BlockThread.run wrapper)."""
+    state = block_state()
+    with _lock:
+        state.started += 1
+
+
+def thread_exit(thread):
+    """Called by each simulated thread when its kernel function returned: a TMA store or bulk store/reduce it
+    issued and did not wait for is still in flight - on the GPU the block's shared memory is released at
+    exit while the copy engine may still read it."""
+    state = getattr(thread._manager, "_numbatma_state", None)
+    if state is None:
+        return
+    with _lock:
+        for r in state.reads:
+            if r.thread is thread:
+                how = ("it was never committed (no bulk_commit_group after it)" if r.group is None else
+                       "its bulk group was never waited for (no bulk_wait_group after bulk_commit_group)")
+                raise SimulatedMisuse(
+                    f"thread {_who(thread)} exits with the store issued at {r.site} still in flight: {how}. The "
+                    f"block's shared memory is released when it exits while the copy engine may still read the "
+                    f"tile (and the data may not have reached global memory): end with bulk_commit_group() and "
+                    f"bulk_wait_group(0) (or bulk_wait_group_read(0)) in the thread that issued the store"
+                )
+
+
+def _check_pipeline_arrival(ref, b):
+    """A Pipeline's barrier: every thread that commits / releases a stage arrives once per round of the
+    stage, so its n-th arrival must count towards phase n. An arrival that finds a later phase means earlier
+    phases completed without it: more threads arrive than the count the pipeline was created with."""
+    me = _thread()
+    n = b.arrivals_by.get(me, 0)
+    b.arrivals_by[me] = n + 1
+    if b.phase == n:
+        return
+    pipe, kind = ref.pipeline, ref.kind
+    counts = pipe.counts
+    which, method = (("consumer_arrivals", "consumer_release") if kind == "empty" else
+                     ("producer_arrivals", "producer_commit"))
+    count = counts[1] if kind == "empty" else counts[0]
+    same_round = sum(1 for k in b.arrivals_by.values() if k > n)
+    if b.phase > n:
+        raise SimulatedMisuse(
+            f"{method}: {ref.name} was created with {which}={count} (Pipeline({pipe.stages}, {counts[0]}, "
+            f"{counts[1]})), but more threads arrive on it: thread {_who(me)}'s arrival #{n + 1} is arrival "
+            f"#{same_round} of that round of the stage (phase {n}), which already completed after {count}. The "
+            f"arrival count must equal the number of threads that call {method} for each stage; on the GPU the "
+            f"extra arrivals complete later phases early (the stage is handed over before its readers are done)"
+        )
+    raise SimulatedMisuse(
+        f"{method}: thread {_who(me)} arrives on {ref.name} for round {n + 1} of the stage while its round "
+        f"{b.phase + 1} is still open ({b.arrivals_done} of {count} arrivals, {which}={count}): it arrived twice "
+        f"before the others; every one of the {which} threads arrives once per round"
+    )
+
+
 def bounds(array):
     """Byte range [lo, hi) of an array's elements."""
     lo = hi = int(array.__array_interface__["data"][0])
@@ -513,20 +678,46 @@ def _merge(into, other):
             into[key] = phase
 
 
-def publish_knowledge(thread):
-    """Before a block barrier: what this thread knows becomes known to everyone passing the barrier."""
+def _release(thread):
+    """A release by ``thread`` (an arrival, a block barrier): its accesses so far are ordered before whoever
+    acquires what it carries. Each thread counts its releases under the key ("clock", thread); an access made
+    between release n-1 and n has epoch n, and is ordered before another thread's point exactly when that
+    thread knows ("clock", thread) >= n. Returns the thread's knowledge (to carry)."""
+    seen = knowledge(thread)
+    key = ("clock", thread)
+    seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+def publish_knowledge(thread, key=None):
+    """Before a block barrier: what this thread knows goes into the barrier's pool, for everyone passing that
+    barrier. ``key`` names the barrier instance; by default the calling thread's n-th ``syncthreads`` (every
+    thread of the block passes the same n-th block barrier). Each barrier instance has its own pool: a thread
+    that wakes late must not learn what others published at a later barrier."""
     if getattr(thread, "_manager", None) is None:
         return
+    if key is None:
+        n = thread.__dict__.get("_numbatma_syncs", 0) + 1
+        thread._numbatma_syncs = n
+        key = ("sync", n)
     with _lock:
-        _merge(block_state().sync_pool, knowledge(thread))
+        pools = block_state().sync_pool
+        pool = pools.get(key)
+        if pool is None:
+            pool = pools[key] = {}
+            # (nobody can still need the pool two instances back: this one opens only after all passed the last)
+            pools.pop(key[:-1] + (key[-1] - 2,), None)
+        _merge(pool, _release(thread))
 
 
-def absorb_knowledge(thread):
+def absorb_knowledge(thread, key=None):
     """After a block barrier: learn what the threads that passed it knew."""
     if getattr(thread, "_manager", None) is None:
         return
+    if key is None:
+        key = ("sync", thread.__dict__.get("_numbatma_syncs", 0))
     with _lock:
-        _merge(knowledge(thread), block_state().sync_pool)
+        _merge(knowledge(thread), block_state().sync_pool.get(key, {}))
 
 
 class _Fill:
@@ -537,6 +728,7 @@ class _Fill:
         self.lo, self.hi, self.what, self.completions = lo, hi, what, completions
         self.alive = True
         self.swizzle = None  # a TMA tile load: the swizzle span (bytes, 0 = none) it wrote the bytes with
+        self.readers = {}  # thread -> [epoch, lo, hi, site, verb]: its latest generic accesses of these bytes
 
     def visible(self, seen):
         return any(seen.get(key, 0) > phase for key, phase in self.completions)
@@ -570,14 +762,62 @@ def _track(delta):
     _tracked += delta
 
 
-def _check_read(lo, hi, verb):
+def _check_read(lo, hi, verb, record=True):
+    """A generic access of shared bytes [lo, hi) (``verb``: reads / writes) must come after the copies that
+    fill them are known complete; it is recorded on those copies (``_Fill.readers``) so that a later copy into
+    the same bytes can check the access is ordered before it (``_check_refill``)."""
     me = _thread()
     state = block_state()
     seen = knowledge(me)
+    epoch = None
     for f in _fills_over(state, lo, hi):
-        if f.lo < hi and lo < f.hi and not f.visible(seen):
-            raise SimulatedMisuse(f"thread {_who(me)} {verb} shared bytes [{lo - f.lo}, {hi - f.lo}) of {f.what}, "
-                                  f"before that copy is known complete: {_missing_wait(me, f)}")
+        if f.lo < hi and lo < f.hi:
+            if not f.visible(seen):
+                raise SimulatedMisuse(f"thread {_who(me)} {verb} shared bytes [{lo - f.lo}, {hi - f.lo}) of "
+                                      f"{f.what}, before that copy is known complete: {_missing_wait(me, f)}")
+            if record:
+                if epoch is None:
+                    epoch = seen.get(("clock", me), 0) + 1
+                r = f.readers.get(me)
+                if r is None or r[0] != epoch:
+                    f.readers[me] = [epoch, lo, hi, caller_site(), verb]
+                else:
+                    r[1], r[2] = min(r[1], lo), max(r[2], hi)
+
+
+def _check_refill(state, lo, hi, what, completions=()):
+    """A copy about to write shared bytes [lo, hi): every generic access of the bytes an earlier copy
+    filled must be ordered (happens-before) before the issuing thread's current point - e.g. the consumers'
+    reads of a stage before the producer refills it (consumer_release -> producer_acquire). Checked against
+    the recorded accesses, not timing, so a slow producer is reported as surely as a fast one."""
+    me = _thread()
+    seen = None
+    for f in _fills_over(state, lo, hi):
+        if not (f.alive and f.readers and f.lo < hi and lo < f.hi):
+            continue
+        if seen is None:
+            seen = knowledge(me)
+        for t, (epoch, rlo, rhi, site, verb) in list(f.readers.items()):
+            if t is me or not (rlo < hi and lo < rhi) or seen.get(("clock", t), 0) >= epoch:
+                continue
+            did = "read" if verb == "reads" else "wrote"
+            hint = ""
+            for key, _ in completions:
+                pipe = getattr(key, "pipeline", None)
+                if pipe is not None:
+                    hint = (f"; Pipeline({pipe.stages}, {pipe.counts[0]}, {pipe.counts[1]}) expects "
+                            f"consumer_arrivals={pipe.counts[1]} release(s) per stage: if the producer did acquire "
+                            f"the stage, its empty barrier completed without this reader's release - does the count "
+                            f"match the threads that call consumer_release?")
+                    break
+            raise SimulatedMisuse(
+                f"thread {_who(me)}: {what} refills shared bytes [{max(rlo, lo) - f.lo}, {min(rhi, hi) - f.lo}) "
+                f"of {f.what}, which thread {_who(t)} {did} at {site[0]}:{site[1]} with no happens-before edge from "
+                f"that access to this copy: the copy may overwrite the bytes while that thread still uses them. The "
+                f"reader must release the stage (consumer_release / mbarrier_arrive on the barrier the producer "
+                f"waits for) and the producer wait for that release (producer_acquire / mbarrier_wait) before it "
+                f"refills the stage{hint}"
+            )
 
 
 def _missing_wait(me, fill):
@@ -596,6 +836,7 @@ def _missing_wait(me, fill):
 
 def _add_fill(lo, hi, what, completions):
     state = block_state()
+    _check_refill(state, lo, hi, what, completions)
     for r in state.reads:
         if r.lo < hi and lo < r.hi:
             raise SimulatedMisuse(
@@ -631,6 +872,8 @@ def _add_fill(lo, hi, what, completions):
 
 def fence_proxy_async():
     me = _thread()
+    if me.__dict__.get("_numbatma_inits"):  # (also orders this thread's mbarrier_init for the async proxy)
+        fence_mbarrier_init()
     if me.__dict__.get("_numbatma_unfenced") is not None:
         me._numbatma_unfenced = None
         with _lock:
@@ -639,7 +882,7 @@ def fence_proxy_async():
 
 def _check_store_source(lo, hi, op):
     me = _thread()
-    _check_read(lo, hi, f"{op} reads")
+    _check_read(lo, hi, f"{op} reads", record=False)
     for t in list(block_state().unfenced):
         for r in t.__dict__.get("_numbatma_unfenced") or ():
             if r[0] < hi and lo < r[1]:
@@ -716,10 +959,11 @@ def cp_async_mbarrier_arrive(bar, counts_as_arrival):
 def named_barrier(barrier_id, threads, wait):
     state = block_state()
     site = caller_site()
-    publish_knowledge(_thread())
     with _lock:
         entry = state.named.setdefault(int(barrier_id), [0, 0])
         generation = entry[1]
+        pool_key = ("named", int(barrier_id), generation)
+        publish_knowledge(_thread(), pool_key)
         entry[0] += 1
         if entry[0] >= int(threads):
             entry[0] = 0
@@ -736,7 +980,7 @@ def named_barrier(barrier_id, threads, wait):
         return f"named_barrier_sync({int(barrier_id)}, {int(threads)}) at {site[0]}:{site[1]}; {n} arrived"
 
     wait_until(ready, describe, ("named", int(barrier_id)))
-    absorb_knowledge(_thread())
+    absorb_knowledge(_thread(), pool_key)
 
 
 # -- warp-level exchange (shuffles, syncwarp) -----------------------------------------------------------
@@ -889,8 +1133,82 @@ def _tile_chunks(desc, row_bytes, nbytes):
     return c ^ ((c >> 3) & (span // 16 - 1))
 
 
+# -- operand checks the GPU build makes while typing, and the hardware's runtime rules -----------------------
+# (the words of intrinsics/_define.py's typer checks: a kernel the GPU refuses fails here the same way)
+def _numba_array_name(value):
+    dtype = getattr(value, "dtype", None)
+    ndim = getattr(value, "ndim", None)
+    if dtype is None or ndim is None:
+        return type(value).__name__
+    flags = getattr(value, "flags", None)
+    layout = "C" if flags is None or flags.c_contiguous else ("F" if flags.f_contiguous else "A")
+    return f"array({np.dtype(dtype).name}, {ndim}d, {layout})"
+
+
+def tile_alignment(desc):
+    """The shared-tile alignment TMA needs for ``desc``: 128 bytes, or the swizzle repeat (8 spans)."""
+    span = int(desc.swizzle)
+    return 128 if not span else max(128, 8 * span)
+
+
+def check_tile_operands(op, tile, desc, coords, load):
+    """``tile`` a shared array of the descriptor's dtype, one integer coordinate per dimension (the typer's
+    rules); for a load the innermost start coordinate a whole number of 16 bytes, and the tile aligned as TMA
+    needs (the hardware's rules: the GPU stops the kernel with an illegal-instruction error)."""
+    if not isinstance(tile, SharedArray):
+        raise SimulatedTypingError(
+            f"{op}: the shared-memory tile must be a shared-memory array (from cuda.shared.array); got "
+            f"{_numba_array_name(tile)}, which is not known to live in shared memory (a kernel argument, a local "
+            f"array, or a value mixed from several arrays)")
+    if tile.dtype != desc.dtype and not _same_bits(tile.dtype, np.dtype(desc.dtype)):
+        raise SimulatedTypingError(f"{op}: the shared tile has dtype {tile.dtype} but the descriptor moves "
+                                   f"{np.dtype(desc.dtype).name} elements")
+    if len(coords) != desc.rank:
+        raise SimulatedTypingError(
+            f"{op}: the descriptor has rank {desc.rank} (box {tuple(desc.box)}) but {len(coords)} coordinates were "
+            f"given; pass one coordinate per dimension, in the array's own index order")
+    for c in coords:
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
+            got = np.asarray(c).dtype.name if isinstance(c, (float, np.generic)) else type(c).__name__
+            raise SimulatedTypingError(f"{op}: every coordinate must be an integer, got {got}")
+    itemsize = np.dtype(desc.dtype).itemsize
+    if load and not getattr(desc, "interleave", 0) and (int(coords[-1]) * itemsize) % 16:
+        step = 16 // int(np.gcd(16, itemsize))
+        raise SimulatedMisuse(
+            f"{op} at {_site_text()}: the innermost start coordinate of {tuple(int(c) for c in coords)} is "
+            f"{int(coords[-1])} elements of {itemsize} bytes = {int(coords[-1]) * itemsize} bytes, not a multiple of "
+            f"16 bytes; the GPU would stop the kernel with an illegal-instruction error (CUDA_ERROR_ILLEGAL_INSTRUCTION) "
+            f"on this load. Start boxes at a column that is a multiple of {step}")
+    align = tile_alignment(desc)
+    address = int(tile.__array_interface__["data"][0])
+    if address % align:
+        need = "128 bytes" if align == 128 else f"{align} bytes (the repeat of its {int(desc.swizzle)}-byte swizzle)"
+        site = getattr(tile, "__dict__", {}).get("_numbatma_site")
+        declared = getattr(tile, "__dict__", {}).get("_numbatma_alignment")
+        name = f"the shared tile {describe_site(site)}" if site else "the shared tile"
+        raise SimulatedMisuse(
+            f"{op} at {_site_text()}: {name} is at an address that is not a multiple of {need}, which TMA needs for "
+            f"this descriptor"
+            + (f" (it was declared with alignment={declared})" if declared else
+               " (declared without alignment=, it may land anywhere)" if site else "")
+            + f"; declare the buffer with alignment={align} and keep view offsets multiples of {align} bytes")
+
+
+def _same_bits(a, b):
+    """Tile and descriptor dtypes the GPU build types alike: a bfloat16 / float8 descriptor moves the bits of a
+    uint16 / uint8 tile (NumPy has no such dtype of its own)."""
+    return a.itemsize == b.itemsize and ({a.name, b.name} & {"bfloat16", "float8_e4m3fn", "float8_e5m2"}) \
+        and {a.kind, b.kind} <= {"u", "i", "V", "f"}
+
+
+def _site_text():
+    site = caller_site()
+    return f"{site[0]}:{site[1]}"
+
+
 def tma_load(dst, desc, coords, bar):
     coords = (coords,) if np.isscalar(coords) else tuple(coords)
+    check_tile_operands("tma_load", dst, desc, coords, True)
     src = _host_array(desc)
     idx = _box_index(desc, coords)
     shape = tuple(len(i) for i, _ in idx)
@@ -931,6 +1249,7 @@ def tma_store(desc, coords, src_tile, op="tma_store", combine=None):
     """A tile store (or, with ``combine(old, tile)``, a tile reduce): the tile, un-swizzled, lands in the
     in-bounds part of the box, and clipped rows are completed to 16 bytes as on the hardware."""
     coords = (coords,) if np.isscalar(coords) else tuple(coords)
+    check_tile_operands(op, src_tile, desc, coords, False)
     if desc.store_overhang and not getattr(desc, "allow_store_overhang", False):
         # The GPU build refuses this at typing time (require_exact_store_target): same rule, same words.
         from numbatma.tensormap import store_overhang_error

@@ -24,7 +24,7 @@ def fence_proxy_async_shared_cta(typingctx):
     return types.void(), emit_only(PROXY_ASYNC_SHARED_CTA)
 
 
-@device_op(simulate=lambda: None)
+@device_op(simulate=lambda: sim().fence_mbarrier_init())
 def fence_mbarrier_init(typingctx):
     """``fence.mbarrier_init.release.cluster;`` - make preceding ``mbarrier_init`` visible to the async
     proxy and to other CTAs of the cluster. Use after initialising barriers, before the block barrier."""

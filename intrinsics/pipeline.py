@@ -126,13 +126,19 @@ class SimPipeline:
         if s.thread_index() == 0:
             for i in range(self.stages):
                 s.mbarrier_init(self.barrier(i, "full"), producer_arrivals)
+        self.counts = (int(producer_arrivals), int(consumer_arrivals))
+        if not 1 <= self.stages <= MAX_STAGES:  # (the GPU typer's check, same words)
+            raise s.SimulatedTypingError(f"Pipeline: the number of stages must be in 1..{MAX_STAGES}, got {self.stages}")
                 s.mbarrier_init(self.barrier(self.stages + i, "empty"), consumer_arrivals)
         s.syncthreads()
 
     def barrier(self, index, kind):
+            s.fence_mbarrier_init()  # (as the GPU code does: fence.mbarrier_init, then the block barrier)
         s = sim()
         stage = index if kind == "full" else index - self.stages
-        return s.BarrierRef(s.address_of(self.bars, index), f"{kind} barrier of stage {stage} of {self.name}")
+        ref = s.BarrierRef(s.address_of(self.bars, index), f"{kind} barrier of stage {stage} of {self.name}")
+        ref.pipeline, ref.kind = self, kind
+        return ref
 
 
 def _sim_pipeline(stages, producer_arrivals, consumer_arrivals):

@@ -426,20 +426,42 @@ def install_simulator():
         dtype = np.dtype(dtype)
         if shape == 0:
             count = self._dynshared_size // dtype.itemsize
-            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count).view(_sim.SharedArray)
+            with _sim_lock:
+                placed = self.__dict__.get("_numbatma_dynshared")
+                if placed is None:  # one buffer for every dynamic array, placed on a multiple of 1024 bytes
+                    placed = self._numbatma_dynshared = _placed_buffer(self._dynshared_size, 1024)
+            raw, offset = placed
+            return np.frombuffer(raw, dtype=dtype, count=count, offset=offset).view(_sim.SharedArray)
         caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2])
         with _sim_lock:
             res = self._allocations.get(caller)
             if res is None:
-                res = self._allocations[caller] = np.zeros(shape, dtype).view(_sim.SharedArray)
+                res = self._allocations[caller] = _placed_zeros(shape, dtype, alignment).view(_sim.SharedArray)
                 res._numbatma_site = caller  # (named in the simulator's messages)
         return res
 
     array._numbatma = True
     shared_cls.array = array
 
+                res._numbatma_alignment = alignment
     # Block barriers pass on what each thread knows complete (the simulator's hazard checks, _sim.py).
     from numba.cuda.simulator import kernel as sim_kernel
+    def _placed_zeros(shape, dtype, alignment):
+        """Zeros placed as the GPU may place them: on a multiple of ``alignment`` (default: the element size)
+        and never on a multiple of twice that, so a tile declared with less alignment than TMA needs is
+        misaligned in every run (not only when the allocator happens to misplace it)."""
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        raw, offset = _placed_buffer(nbytes, max(int(alignment or dtype.itemsize), 1))
+        return np.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(shape)
+
+    def _placed_buffer(nbytes, align):
+        """(zeroed buffer, offset): the bytes at the offset start on an odd multiple of ``align``. A bytearray,
+        so that the array over it is a root (code that measures offsets from the allocation's start walks
+        ``.base`` up to the first array)."""
+        raw = bytearray(nbytes + 2 * align)
+        address = np.frombuffer(raw, np.uint8).__array_interface__["data"][0]
+        return raw, (align - address) % (2 * align)
+
 
     thread_cls = sim_kernel.BlockThread
     original_sync = thread_cls.syncthreads
@@ -456,6 +478,33 @@ def install_simulator():
     from numba.cuda.simulator.cudadrv import devices as sim_devices
 
     sim_devices.FakeCUDADevice.MULTIPROCESSOR_COUNT = 2
+    # Thread lifetime: the hang check waits until every thread of the block has started; a thread that
+    # returns with a store still in flight is reported (_sim.thread_exit).
+    original_run = thread_cls.run
+
+    def run(self):
+        try:
+            _sim.thread_started(self)
+        except Exception:  # noqa: BLE001 - (no simulated block: leave it to upstream)
+            pass
+        original_run(self)
+        if self.exception is None and not self.abort:
+            try:
+                _sim.thread_exit(self)
+            except Exception as e:  # noqa: BLE001 - reported like upstream reports a kernel's exception
+                self.exception = (type(e)(f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}: {e}"),
+                                  sys.exc_info()[2])
+        if self.exception is not None:
+            # Stay alive until the block manager has seen this exception: it looks only at live threads, so a
+            # failing thread that ended at once would let the others run on and report a consequence instead.
+            import time
+
+            deadline = time.monotonic() + 10.0
+            while not self.abort and time.monotonic() < deadline:
+                time.sleep(0.0005)
+
+    thread_cls.run = run
+
     sim_devices.FakeCUDADevice.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 232448
 
     # cuda.libdevice functions kernels use, as NumPy (float32 in, float32 out).

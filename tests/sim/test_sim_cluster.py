@@ -175,6 +175,7 @@ def remote_arrive_never_completes(out):
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         numbatma.intrinsics.mbarrier_init(bar, 2)
+        numbatma.intrinsics.fence_mbarrier_init()
     cluster_sync()
     if cuda.threadIdx.x == 0:
         mbarrier_arrive_cluster(mapa_barrier(bar, cluster_ctarank()))

@@ -37,7 +37,7 @@ def _desc(host, box=(R, C)):
 # -- reading a tile before its load is known complete -----------------------------------------------------
 @cuda.jit
 def sum_tile(src, out, wait, parity, thread0_waits_only):
-    tile = cuda.shared.array((R, C), np.float32)
+    tile = cuda.shared.array((R, C), np.float32, alignment=128)
     bar = cuda.shared.array(1, np.uint64)
     tid = cuda.threadIdx.x
     if tid == 0:
@@ -74,11 +74,12 @@ def test_reading_before_the_wait_is_reported():
 
 @cuda.jit
 def read_after_wrong_parity(src, out):
-    tile = cuda.shared.array((R, C), np.float32)
+    tile = cuda.shared.array((R, C), np.float32, alignment=128)
     bar = cuda.shared.array(1, np.uint64)
     tid = cuda.threadIdx.x
     if tid == 0:
         mbarrier_init(bar, 2)  # the load's phase also waits for a second arrival (thread 1, below)
+        fence_mbarrier_init()
         mbarrier_arrive_expect_tx(bar, src.box_bytes)
         tma_load(tile, src, (0, 0), bar)
     cuda.syncthreads()
@@ -100,7 +101,7 @@ def test_wrong_parity_reports_stale_data():
 # -- transaction bytes --------------------------------------------------------------------------------
 @cuda.jit
 def load_with_expect(src, extra):
-    tile = cuda.shared.array((R, C), np.float32)
+    tile = cuda.shared.array((R, C), np.float32, alignment=128)
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         mbarrier_init(bar, 1)
@@ -125,7 +126,7 @@ def test_expect_tx_equal_to_the_box_completes():
 # -- stores: proxy fence and reuse of a tile a store still reads ----------------------------------------------
 @cuda.jit
 def write_and_store(dst, value, fence, rewrite, wait_read):
-    tile = cuda.shared.array((R, C), np.float32)
+    tile = cuda.shared.array((R, C), np.float32, alignment=128)
     tid = cuda.threadIdx.x
     for k in range(C):
         tile[tid, k] = value + tid * C + k
@@ -185,6 +186,7 @@ def ldgsts_copy(src, out, how):
     tid = cuda.threadIdx.x
     if tid == 0:
         mbarrier_init(bar, 16)
+        fence_mbarrier_init()
     cuda.syncthreads()
     cp_async(buf, tid * 4, src, tid * 4, 16)
     cp_async_commit_group()
@@ -213,7 +215,7 @@ def test_cp_async_read_before_its_wait_is_reported():
 # -- the 16-byte completion of clipped rows -----------------------------------------------------------------------
 @cuda.jit
 def store_rows(dst, col):
-    tile = cuda.shared.array((2, 8), np.float32)
+    tile = cuda.shared.array((2, 8), np.float32, alignment=128)
     if cuda.threadIdx.x == 0:
         for k in range(16):
             tile[k // 8, k % 8] = 100 + k

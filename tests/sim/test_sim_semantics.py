@@ -84,7 +84,7 @@ def test_swizzle_byte_placement(span):
 
 @cuda.jit
 def oob_fill(src, out):
-    tile = cuda.shared.array((4, 8), np.float32)
+    tile = cuda.shared.array((4, 8), np.float32, alignment=128)
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         mbarrier_init(bar, 1)
@@ -149,7 +149,7 @@ def test_pipeline_rounds():
 
 @cuda.jit
 def wrong_parity(src):
-    tile = cuda.shared.array((4, 16), np.float32)
+    tile = cuda.shared.array((4, 16), np.float32, alignment=128)
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         mbarrier_init(bar, 1)
@@ -161,7 +161,7 @@ def wrong_parity(src):
 
 @cuda.jit
 def short_tx(src):
-    tile = cuda.shared.array((4, 16), np.float32)
+    tile = cuda.shared.array((4, 16), np.float32, alignment=128)
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         mbarrier_init(bar, 1)
@@ -187,6 +187,7 @@ def token_and_test(flags):
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         mbarrier_init(bar, 2)
+        fence_mbarrier_init()
     cuda.syncthreads()
     mbarrier_arrive(bar)
     cuda.syncthreads()

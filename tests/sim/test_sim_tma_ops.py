@@ -126,7 +126,7 @@ def test_overhang_of_a_clipped_row_is_reduced_too():
 # -- typing and misuse -------------------------------------------------------------------------------------
 @cuda.jit
 def reduce_with(kind, dst, tile_value):
-    tile = cuda.shared.array((8, 16), np.int64)
+    tile = cuda.shared.array((8, 16), np.int64, alignment=128)
     for i in range(8):
         for j in range(16):
             tile[i, j] = tile_value
@@ -146,7 +146,7 @@ def test_illegal_reduction_is_refused(kind, dtype):
 
 @cuda.jit
 def reduce_unfenced(dst):
-    tile = cuda.shared.array((8, 16), np.float32)
+    tile = cuda.shared.array((8, 16), np.float32, alignment=128)
     tile[0, 0] = 1.0
     tma_reduce("add", dst, (0, 0), tile)
     bulk_commit_group()
@@ -161,7 +161,7 @@ def test_tile_written_without_fence_is_misuse():
 
 @cuda.jit
 def reduce_then_overwrite(dst, wait_read):
-    tile = cuda.shared.array((8, 16), np.float32)
+    tile = cuda.shared.array((8, 16), np.float32, alignment=128)
     for i in range(8):
         for j in range(16):
             tile[i, j] = 0.0
