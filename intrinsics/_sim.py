@@ -781,8 +781,11 @@ def _check_read(lo, hi, verb, record=True):
                 r = f.readers.get(me)
                 if r is None or r[0] != epoch:
                     f.readers[me] = [epoch, lo, hi, caller_site(), verb]
-                else:
-                    r[1], r[2] = min(r[1], lo), max(r[2], hi)
+                else:  # (the common case: one more access of the same copy in the same epoch)
+                    if lo < r[1]:
+                        r[1] = lo
+                    if hi > r[2]:
+                        r[2] = hi
 
 
 def _check_refill(state, lo, hi, what, completions=()):
