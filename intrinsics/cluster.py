@@ -343,6 +343,13 @@ def mbarrier_wait_parity_cluster(typingctx, bar, parity):
     require_int("mbarrier_wait_parity_cluster", "parity", parity)
 
     def codegen(context, builder, sig, args):
+        from . import _debug
+
+        if _debug.enabled():
+            _debug.wait_parity(context, builder, "mbarrier_wait_parity_cluster",
+                               barrier_address(context, builder, sig.args[0], args[0]),
+                               to_u32(context, builder, sig.args[1], args[1]), cluster=True)
+            return context.get_dummy_value()
         WAIT_PARITY_CLUSTER.emit(builder, bar=barrier_address(context, builder, sig.args[0], args[0]),
                                  parity=to_u32(context, builder, sig.args[1], args[1]))
         return context.get_dummy_value()

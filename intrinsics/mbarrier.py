@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from . import _debug
 from ._asm import Ptx
 from ._define import SIMULATING, barrier_address, device_op, require_barrier, require_int, to_u32, sim
 
@@ -163,7 +164,17 @@ def mbarrier_wait_parity(typingctx, bar, parity):
     The first phase of a fresh barrier has parity 0; flip the parity after each completed phase."""
     require_barrier("mbarrier_wait_parity", bar)
     require_int("mbarrier_wait_parity", "parity", parity)
-    return types.void(bar, parity), _lower(WAIT_PARITY, ("parity",))
+    plain = _lower(WAIT_PARITY, ("parity",))
+
+    def codegen(context, builder, sig, args):
+        if not _debug.enabled():
+            return plain(context, builder, sig, args)
+        _debug.wait_parity(context, builder, "mbarrier_wait_parity",
+                           barrier_address(context, builder, sig.args[0], args[0]),
+                           to_u32(context, builder, sig.args[1], args[1]))
+        return context.get_dummy_value()
+
+    return types.void(bar, parity), codegen
 
 
 @device_op(simulate=lambda bar, parity: sim().test_wait_parity(bar, parity))
@@ -211,7 +222,17 @@ def mbarrier_wait(typingctx, bar, state):
     A loop over ``mbarrier.try_wait.shared::cta.b64 p, [bar], state;``."""
     require_barrier("mbarrier_wait", bar)
     require_int("mbarrier_wait", "state", state)
-    return types.void(bar, state), _token_codegen(WAIT_TOKEN, False)
+    plain = _token_codegen(WAIT_TOKEN, False)
+
+    def codegen(context, builder, sig, args):
+        if not _debug.enabled():
+            return plain(context, builder, sig, args)
+        _debug.wait_token(context, builder, "mbarrier_wait",
+                          barrier_address(context, builder, sig.args[0], args[0]),
+                          context.cast(builder, args[1], sig.args[1], types.uint64))
+        return context.get_dummy_value()
+
+    return types.void(bar, state), codegen
 
 
 @device_op(simulate=lambda bar, token: sim().test_wait_token(bar, token))

@@ -41,6 +41,7 @@ import functools
 
 from numba import cuda
 
+from . import _debug
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, require_int, require_literal_int, sim
 from .async_copy import cp_async_mbarrier_arrive_noinc
@@ -49,9 +50,11 @@ from .cluster_copy import tma_load_multicast
 from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
 from .tma import tma_load, tma_load_hinted
 
-# State slots of a pipeline (32-bit each).
+# State slots of a pipeline (32-bit each). A debug build (NUMBATMA_DEBUG=1) adds two: the address of the text
+# naming the pipeline and where it was created, for the messages of its bounded waits.
 BASE, PSTAGE, PPHASE, CSTAGE, CPHASE, RSTAGE = range(6)
-_NSLOTS = 6
+ORIGIN_LO, ORIGIN_HI = 6, 7
+_NSLOTS = 8 if _debug.enabled() else 6
 MAX_STAGES = 64
 
 
@@ -123,17 +126,17 @@ class SimPipeline:
         self.bars = bars
         self.name = f"pipeline {s.describe_site(site)}"
         self.state = [0] * _NSLOTS
-        if s.thread_index() == 0:
-            for i in range(self.stages):
-                s.mbarrier_init(self.barrier(i, "full"), producer_arrivals)
         self.counts = (int(producer_arrivals), int(consumer_arrivals))
         if not 1 <= self.stages <= MAX_STAGES:  # (the GPU typer's check, same words)
             raise s.SimulatedTypingError(f"Pipeline: the number of stages must be in 1..{MAX_STAGES}, got {self.stages}")
+        if s.thread_index() == 0:
+            for i in range(self.stages):
+                s.mbarrier_init(self.barrier(i, "full"), producer_arrivals)
                 s.mbarrier_init(self.barrier(self.stages + i, "empty"), consumer_arrivals)
+            s.fence_mbarrier_init()  # (as the GPU code does: fence.mbarrier_init, then the block barrier)
         s.syncthreads()
 
     def barrier(self, index, kind):
-            s.fence_mbarrier_init()  # (as the GPU code does: fence.mbarrier_init, then the block barrier)
         s = sim()
         stage = index if kind == "full" else index - self.stages
         ref = s.BarrierRef(s.address_of(self.bars, index), f"{kind} barrier of stage {stage} of {self.name}")
@@ -174,6 +177,11 @@ def Pipeline(typingctx, stages, producer_arrivals, consumer_arrivals):  # noqa: 
         state = cgutils.alloca_once(builder, _STATE, name="numbatma_pipeline_state")
         builder.store(ir.Constant(_STATE, [0] * _NSLOTS), state)
         builder.store(base, _slot(builder, state, BASE))
+        if _debug.enabled():
+            origin = builder.ptrtoint(_debug.pipeline_origin(context, builder), ir.IntType(64))
+            builder.store(builder.trunc(origin, I32), _slot(builder, state, ORIGIN_LO))
+            builder.store(builder.trunc(builder.lshr(origin, ir.Constant(ir.IntType(64), 32)), I32),
+                          _slot(builder, state, ORIGIN_HI))
         init.emit(
             builder,
             base=base,
@@ -236,6 +244,32 @@ def _empty(typingctx, pipe, stage):
         return builder.add(base, builder.mul(builder.add(s, ir.Constant(I32, n)), ir.Constant(I32, 8)))
 
     return _mbarrier_ref_type(pipe, stage), codegen
+
+
+@device_op(prefer_literal=True)
+def _debug_wait(typingctx, pipe, kind, stage, parity):
+    """Debug builds only: the bounded wait of ``producer_acquire`` (kind 1: the empty barrier of ``stage``) or
+    ``consumer_wait`` (kind 0: the full barrier), which prints the pipeline, stage and parity and traps when
+    it times out (``_debug.pipeline_wait``)."""
+    which = kind.literal_value
+    n = pipe.stages
+
+    def codegen(context, builder, sig, args):
+        state = args[0]
+        base = builder.load(_slot(builder, state, BASE))
+        s = context.cast(builder, args[2], sig.args[2], types.int32)
+        index = s if which == 0 else builder.add(s, ir.Constant(I32, n))
+        bar = builder.add(base, builder.mul(index, ir.Constant(I32, 8)))
+        lo = builder.zext(builder.load(_slot(builder, state, ORIGIN_LO)), ir.IntType(64))
+        hi = builder.zext(builder.load(_slot(builder, state, ORIGIN_HI)), ir.IntType(64))
+        origin = builder.inttoptr(builder.or_(lo, builder.shl(hi, ir.Constant(ir.IntType(64), 32))),
+                                  ir.IntType(8).as_pointer())
+        parity_value = context.cast(builder, args[3], sig.args[3], types.uint32)
+        _debug.pipeline_wait(context, builder, "consumer_wait" if which == 0 else "producer_acquire",
+                             "full" if which == 0 else "empty", s, bar, parity_value, origin)
+        return context.get_dummy_value()
+
+    return types.void(pipe, kind, stage, parity), codegen
 
 
 # -- the methods: plain Python over the primitives above (the same code runs in the simulator) ----------
@@ -333,6 +367,25 @@ def consumer_release_remote(pipe, rank):
     mbarrier_arrive_cluster(mapa_barrier(_empty(pipe, _get(pipe, RSTAGE)), rank))
 
 
+def _debug_producer_acquire(pipe):
+    """``producer_acquire`` of a debug build: the wait is bounded (``_debug_wait``)."""
+    s = _get(pipe, PSTAGE)
+    _debug_wait(pipe, 1, s, _get(pipe, PPHASE) ^ 1)
+    return s
+
+
+def _debug_consumer_wait(pipe):
+    """``consumer_wait`` of a debug build: the wait is bounded (``_debug_wait``)."""
+    s = _get(pipe, CSTAGE)
+    _debug_wait(pipe, 0, s, _get(pipe, CPHASE))
+    n = s + 1
+    if n == pipe.stages:
+        n = 0
+        _set(pipe, CPHASE, _get(pipe, CPHASE) ^ 1)
+    _set(pipe, CSTAGE, n)
+    return s
+
+
 METHODS = {
     "producer_acquire": producer_acquire,
     "load": load,
@@ -360,6 +413,8 @@ if SIMULATING:
     for _name, _impl in METHODS.items():
         setattr(SimPipeline, _name, _impl)
 else:
+    if _debug.enabled():  # (the process is a debug one: the bounded waits replace the plain ones)
+        METHODS = {**METHODS, "producer_acquire": _debug_producer_acquire, "consumer_wait": _debug_consumer_wait}
     for _name, _impl in METHODS.items():
         overload_method(PipelineType, _name, target="cuda")(_typer_returning(_impl))
 

@@ -8,6 +8,7 @@ out-of-bounds elements of a load (zero or NaN, as the descriptor says) and drops
 """
 from __future__ import annotations
 
+from . import _debug
 from ._asm import Ptx
 from ._define import (
     SIMULATING,
@@ -160,6 +161,17 @@ def _coord_operands(context, builder, sig_coords, coords_value, rank):
     return {f"c{i}": v for i, v in enumerate(reversed(vals))}
 
 
+def _debug_checks(context, builder, op, desc, sig_coords, coords_value, coords_index, tile=None, tile_index=None,
+                  load=False):
+    """Debug mode (``NUMBATMA_DEBUG=1``) only: the runtime checks of ``_debug.check_tma`` before the copy."""
+    if isinstance(sig_coords, types.Integer):
+        coords = [(sig_coords, coords_value)]
+    else:
+        coords = [(t, builder.extract_value(coords_value, i)) for i, t in enumerate(sig_coords)]
+    _debug.check_tma(context, builder, op, desc, coords, tile=tile, load=load, coords_index=coords_index,
+                     tile_index=tile_index)
+
+
 def _policy_operand(context, builder, sig, args, index):
     if len(sig.args) <= index:
         return {}
@@ -183,6 +195,9 @@ def _tile_load(op, ptx, dst, desc, coords, bar, policy=None, mask=None):
     rank = desc.rank
 
     def codegen(context, builder, sig, args):
+        if _debug.enabled():
+            _debug_checks(context, builder, op, desc, sig.args[2], args[2], 2, load=True, tile_index=0,
+                          tile=shared_address(context, builder, sig.args[0], args[0]))
         last = _policy_operand(context, builder, sig, args, 4)
         if mask is not None:
             last = {"mask": to_u32(context, builder, sig.args[4], args[4])}
@@ -199,8 +214,9 @@ def _tile_load(op, ptx, dst, desc, coords, bar, policy=None, mask=None):
     return types.void(*operands), codegen
 
 
-def _tile_store(op, ptx, desc, coords, src, policy=None):
-    """Typing checks and lowering of a tile store (``ptx`` by rank), with an L2 policy operand if given."""
+def _tile_store(op, ptx, desc, coords, src, policy=None, arg_shift=0):
+    """Typing checks and lowering of a tile store (``ptx`` by rank), with an L2 policy operand if given
+    (``arg_shift``: how many arguments of the kernel's call come before the descriptor)."""
     require_tensormap(op, desc)
     require_exact_store_target(op, desc)
     coords_types(op, desc, coords)
@@ -212,6 +228,9 @@ def _tile_store(op, ptx, desc, coords, src, policy=None):
     rank = desc.rank
 
     def codegen(context, builder, sig, args):
+        if _debug.enabled():
+            _debug_checks(context, builder, op, desc, sig.args[1], args[1], 1 + arg_shift, tile_index=2 + arg_shift,
+                          tile=shared_address(context, builder, sig.args[2], args[2]))
         ptx[rank].emit(
             builder,
             tmap=descriptor_address(builder, args[0]),
@@ -314,7 +333,7 @@ def _reduce_op(op, kind, desc):
 def _tile_reduce(op, ptx, kind, desc, coords, src, policy=None):
     """Typing checks and lowering of a reduce-store (``ptx`` by (reduction, rank))."""
     name = _reduce_op(op, kind, desc)
-    sig, store_codegen = _tile_store(op, {r: ptx[(name, r)] for r in RANKS}, desc, coords, src, policy)
+    sig, store_codegen = _tile_store(op, {r: ptx[(name, r)] for r in RANKS}, desc, coords, src, policy, arg_shift=1)
 
     def codegen(context, builder, sig, args):
         return store_codegen(context, builder, sig.replace(args=sig.args[1:]), args[1:])
@@ -424,6 +443,8 @@ def _tile_prefetch(op, ptx, desc, coords, policy=None):
     rank = desc.rank
 
     def codegen(context, builder, sig, args):
+        if _debug.enabled():
+            _debug_checks(context, builder, op, desc, sig.args[1], args[1], 1)
         ptx[rank].emit(
             builder,
             tmap=descriptor_address(builder, args[0]),
