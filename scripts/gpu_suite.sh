@@ -22,6 +22,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import numba_cuda, numpy, cuda.core; print('numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$out/gpu.txt"
 parts=" ${PARTS:-tests examples bench gemm probes} "
 status=0
+# Benchmarks first, on a quiet GPU (the sanitizer runs below share it with the tests).
+if [[ $parts == *" bench "* ]]; then
+  for b in launch_overhead peer_cxx bandwidth; do
+    echo "== $b" | tee -a "$out/benchmarks.log"
+    args=""; [[ $b == bandwidth ]] && args=${BENCH_ARGS:-}
+    timeout 400 python3 "$repo/benchmarks/$b.py" $args 2>&1 | tee -a "$out/benchmarks.log" || status=1
+  done
+fi
+if [[ $parts == *" gemm "* ]]; then  # tensor-core GEMM against cuBLAS and Triton (benchmarks/gemm.py)
+  timeout ${GEMM_TIMEOUT:-500} python3 "$repo/benchmarks/gemm.py" ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.log" || status=1
+fi
 sanitize_pids=()
 if [[ $parts == *" sanitize "* ]]; then
   # compute-sanitizer (from the nvidia-cuda-sanitizer-api wheel in .whl/) over every kernel of numbatma.kernels
@@ -56,16 +67,6 @@ if [[ $parts == *" examples "* ]]; then
     echo "== $ex" | tee -a "$out/examples.log"
     timeout 300 python3 "$ex" 2>&1 | tee -a "$out/examples.log" || status=1
   done
-fi
-if [[ $parts == *" bench "* ]]; then
-  for b in launch_overhead peer_cxx bandwidth; do
-    echo "== $b" | tee -a "$out/benchmarks.log"
-    args=""; [[ $b == bandwidth ]] && args=${BENCH_ARGS:-}
-    timeout 400 python3 "$repo/benchmarks/$b.py" $args 2>&1 | tee -a "$out/benchmarks.log" || status=1
-  done
-fi
-if [[ $parts == *" gemm "* ]]; then  # tensor-core GEMM against cuBLAS and Triton (benchmarks/gemm.py)
-  timeout ${GEMM_TIMEOUT:-500} python3 "$repo/benchmarks/gemm.py" ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.log" || status=1
 fi
 if [[ $parts == *" sweep "* ]]; then  # option sweeps used to pick the kernels' defaults (not in the default parts)
   timeout 500 python3 "$repo/benchmarks/sweep_options.py" ${SWEEP_ARGS:-} 2>&1 | grep -v Warn | tee "$out/sweep.log"
