@@ -46,9 +46,9 @@ if [[ $parts == *" sanitize "* ]]; then
       run() { echo "== $tool: $*" >> "$log"; timeout ${SANITIZE_TIMEOUT:-300} "$san" --tool "$tool" --error-exitcode 9 \
                 "$@" >> "$log" 2>&1; echo "exit $? ($tool: $*)" >> "$log"; }
       export NUMBATMA_SMALL_PROBLEMS=1
-      run python3 "$repo/scripts/sanitize_kernels.py"
-      for ex in "$repo"/examples/*.py; do run python3 "$ex"; done
-      [[ $tool == memcheck ]] && run python3 -m pytest -q -p no:cacheprovider -x ${SANITIZE_TESTS:-"$repo/tests/test_gpu_pipeline.py"}
+      run python3 "$repo/scripts/sanitize_kernels.py" ${SANITIZE_KERNELS:-}
+      for ex in ${SANITIZE_EXAMPLES-"$repo"/examples/*.py}; do run python3 "$ex"; done
+      [[ $tool == memcheck && ${SANITIZE_TESTS-x} != none ]] && run python3 -m pytest -q -p no:cacheprovider -x ${SANITIZE_TESTS:-"$repo/tests/test_gpu_pipeline.py"}
     ) &
     sanitize_pids+=($!)
   done

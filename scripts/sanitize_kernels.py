@@ -3,7 +3,8 @@ the GPU suite runs under compute-sanitizer (memcheck, racecheck, synccheck; `PAR
 the instrumented run short; each kernel still walks several tiles per CTA (a persistent grid of 2 CTAs), its
 pipeline wraps around, and the exact-store tail path runs (widths that are not a multiple of 16 bytes).
 
-    python scripts/sanitize_kernels.py        # prints one line per kernel, exits 1 on a wrong result
+    python scripts/sanitize_kernels.py [NAME ...]   # one line per kernel (or those whose name contains a NAME);
+                                                    # exits 1 on a wrong result
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def padded(rows_host, dtype=None):
     parent = np.full(x.shape[:-1] + (width,), np.nan, x.dtype)
     parent[..., :x.shape[-1]] = x
     d = cuda.to_device(parent)
-    return d[..., :x.shape[-1]], d
+    view = (slice(None),) * (x.ndim - 1) + (slice(0, x.shape[-1]),)  # (device arrays take no Ellipsis)
+    return d[view], d
 
 
 def poisoned(shape, dtype=np.float32):
@@ -57,7 +59,11 @@ def main():
     _launch.sm_count = lambda *a: 2  # a persistent grid of 2 CTAs: several tiles each, pipelines wrap around
     failed = []
 
+    only = [a for a in sys.argv[1:] if not a.startswith("-")]  # names (substrings) to run; default all
+
     def case(name, fn):
+        if only and not any(o in name for o in only):
+            return
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail

@@ -10,8 +10,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def test_simulator_suite_passes():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    try:  # the simulator is GIL-bound: two processes halve the suite's wall time on a 2-core CI machine
+        import xdist  # noqa: F401
+
+        workers = ["-n", "2"]
+    except ImportError:
+        workers = []
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "sim")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, str(HERE / "sim")],
         capture_output=True, text=True, env=env, timeout=900, cwd=HERE,  # (not the checkout root: import the installed numbatma)
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
