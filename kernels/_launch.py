@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from numbatma import TensorMapError, array_layout
 
 # Shared memory on H100/H200 (and B200): per-block opt-in maximum (static + dynamic), and per SM (the
@@ -77,3 +79,13 @@ def require_rank(op, layout, ranks, what="array"):
 def require_dtype(op, layout, dtypes, what="array"):
     if layout.dtype.name not in dtypes:
         raise TensorMapError(f"{op}: the {what} is a {layout.name}; supported dtypes: {', '.join(dtypes)}.")
+
+
+def require_int(op, name, value, lo, hi):
+    """``value`` as an int in ``lo..hi``, else a TensorMapError naming the option (bools and floats are refused:
+    ``stages=True`` or ``stages=2.0`` is a mistake, not a count)."""
+    import numbers
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or not lo <= value <= hi:
+        raise TensorMapError(f"{op}: {name} must be an integer in {lo}..{hi}, got {value!r}")
+    return int(value)

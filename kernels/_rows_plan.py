@@ -16,8 +16,8 @@ import numpy as np
 
 from numbatma import ArrayLayout, TensorMapError, array_layout, kernel_view
 
-from ._launch import (MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, ceil_div, round_up,
-                      slot_elems)
+from ._launch import (MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, ceil_div, require_int,
+                      round_up, slot_elems)
 
 __all__ = ["DTYPES", "RowsConfig", "RowsView", "StagePlan", "box_cols", "check_common", "check_tpr", "fold",
            "plan_chunked", "plan_rows", "register_cap", "rows_view", "smem_budget", "strided_view"]
@@ -124,10 +124,8 @@ def smem_budget(op, ctas_per_sm, static_bytes):
 
 
 def check_common(op, stages, warps, stage_bytes):
-    if not 1 <= stages <= 32:
-        raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
-    if not 1 <= warps <= 16:
-        raise TensorMapError(f"{op}: warps (consumer warps) must be in 1..16, got {warps}")
+    require_int(op, "stages", stages, 1, 32)
+    require_int(op, "warps (consumer warps)", warps, 1, 16)
     if stage_bytes < 1024:
         raise TensorMapError(f"{op}: stage_bytes must be at least 1024, got {stage_bytes}")
 

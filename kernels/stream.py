@@ -28,7 +28,8 @@ from numbatma.intrinsics import (
 
 from ._device import persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, same_layout, slot_elems
+from ._launch import (MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, require_int, same_layout,
+                      slot_elems)
 from ._plan import Plan, run
 
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
@@ -189,8 +190,7 @@ class StreamCopy(Plan):
                  evict_first=False, two_roles=False):
         op = "StreamCopy"
         same_layout(op, src, dst)
-        if not 1 <= stages <= 32:
-            raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
+        stages = require_int(op, "stages", stages, 1, 32)
         self.dst = dst
         self.ntiles = 0
         if math.prod(array_layout(src).shape) == 0:
@@ -308,8 +308,7 @@ class Axpy(Plan):
         layout = same_layout(op, x, y, out)
         if layout.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TensorMapError(f"{op}: x is a {layout.name}; Axpy supports float32 and float64.")
-        if not 1 <= stages <= 32:
-            raise TensorMapError(f"{op}: stages must be in 1..32, got {stages}")
+        stages = require_int(op, "stages", stages, 1, 32)
         self.dst = out
         self.ntiles = 0
         if math.prod(layout.shape) == 0:

@@ -48,7 +48,7 @@ from numbatma.intrinsics import (
 
 from ._device import persistent_share
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
+from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_int
 from ._plan import Plan, run
 
 __all__ = ["Transpose", "transpose", "default_tile", "UNIT_SHAPES"]
@@ -290,8 +290,13 @@ def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stag
 
 
 def _check_tile(op, itemsize, dtype_name, tile):
+    import numbers
+
     try:
-        tm, tn = (int(x) for x in tile)
+        tm, tn = tile
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) for x in (tm, tn)):
+            raise TypeError
+        tm, tn = int(tm), int(tn)
     except (TypeError, ValueError):
         raise TensorMapError(f"{op}: tile must be a pair (tile_m, tile_n) of integers, got {tile!r}.") from None
     um, un = UNIT_SHAPES[itemsize]
@@ -363,12 +368,9 @@ class Transpose(Plan):
                     f"{per} {lay.dtype.name} elements; otherwise pad the rows: allocate "
                     f"({lay.shape[0]}, {ceil_div(lay.shape[1], per) * per}) and pass the view [:, :{lay.shape[1]}]."
                 )
-        if not 1 <= stages <= 16:
-            raise TensorMapError(f"{op}: stages must be in 1..16, got {stages}.")
-        if not 2 <= out_stages <= 8:
-            raise TensorMapError(f"{op}: out_stages must be in 2..8, got {out_stages}.")
-        if not 1 <= consumer_warps <= 16:
-            raise TensorMapError(f"{op}: consumer_warps must be in 1..16, got {consumer_warps}.")
+        stages = require_int(op, "stages", stages, 1, 16)
+        out_stages = require_int(op, "out_stages", out_stages, 2, 8)
+        consumer_warps = require_int(op, "consumer_warps", consumer_warps, 1, 16)
         if ctas_per_sm is not None and not (isinstance(ctas_per_sm, int) and ctas_per_sm >= 1):
             raise TensorMapError(f"{op}: ctas_per_sm must be a positive integer, got {ctas_per_sm!r}.")
         if grid is not None and not (isinstance(grid, int) and grid >= 1):

@@ -193,8 +193,8 @@ def test_leading_dimensions_that_do_not_fold():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(stages=0), "stages must be in 1..32"),
-        (dict(warps=17), "warps .* must be in 1..16"),
+        (dict(stages=0), "stages must be an integer in 1..32"),
+        (dict(warps=17), "warps .* must be an integer in 1..16"),
         (dict(threads_per_row=3), "threads_per_row must be a power of two"),
         (dict(mode="fast"), "mode must be 'auto', 'rows' or 'chunked'"),
         (dict(store_lag=4), "store_lag must be in 0..min"),
