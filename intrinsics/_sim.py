@@ -158,6 +158,18 @@ def address_of(array, index=0):
     return int(array.__array_interface__["data"][0]) + index * array.dtype.itemsize
 
 
+def describe_element(array, index):
+    """``'bars[1]' (declared at file:line)`` for element ``index`` of the kernel's shared array ``bars``."""
+    import linecache
+    import re
+
+    site = getattr(array, "__dict__", {}).get("_numbatma_site")
+    if site is None:
+        return f"element {index} of a {array.shape[0]}-element array"
+    m = re.match(r"\s*([A-Za-z_]\w*)\s*=", linecache.getline(site[0], site[1]))
+    return (f"'{m.group(1)}[{index}]'" if m else f"element {index}") + f" (declared at {site[0]}:{site[1]})"
+
+
 def barrier_of(bar):
     if isinstance(bar, BarrierRef):
         return bar

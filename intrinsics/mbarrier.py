@@ -71,7 +71,8 @@ def _lower(ptx, extra=(), *, returns=False):
     return codegen
 
 
-@device_op(simulate=lambda bars, i: sim().BarrierRef(sim().address_of(bars, int(i)), f"barrier {int(i)} of {bars.shape[0]}"))
+@device_op(simulate=lambda bars, i: sim().BarrierRef(sim().address_of(bars, int(i)),
+                                                    f"mbarrier {sim().describe_element(bars, int(i))}"))
 def mbarrier_ref(typingctx, bars, index):
     """Reference to barrier ``bars[index]`` of a shared ``uint64`` array, usable wherever a barrier is
     expected. No PTX: the 32-bit shared address ``&bars[0] + 8*index``. The caller guarantees

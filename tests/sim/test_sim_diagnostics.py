@@ -20,6 +20,7 @@ from numbatma.intrinsics import (
     mbarrier_arrive,
     mbarrier_arrive_expect_tx,
     mbarrier_init,
+    mbarrier_ref,
     mbarrier_wait_parity,
     tma_load,
     tma_store,
@@ -250,3 +251,27 @@ def test_store_overhang_past_the_array_is_reported():
     base = np.zeros(6, np.float32)  # one row of 24 bytes: 8 more would land past the array
     with pytest.raises(SimulatedMisuse, match=r"completes the clipped rows to 16 bytes and would write 8 byte"):
         store_rows[1, 1](numbatma.TensorMap(base.reshape(1, 6), (2, 8), allow_store_overhang=True), 0)
+
+
+def test_a_barrier_taken_through_mbarrier_ref_is_named_by_its_array_and_index():
+    """A hang on element 1 of a barrier array names it the way the kernel spells it: 'bars[1]' and the line that
+    declared ``bars``."""
+    import inspect
+
+    @cuda.jit
+    def kernel(out):
+        bars = cuda.shared.array(2, np.uint64)
+        if cuda.threadIdx.x == 0:
+            mbarrier_init(mbarrier_ref(bars, 0), 1)
+            mbarrier_init(mbarrier_ref(bars, 1), 2)  # two arrivals expected, one comes
+            fence_mbarrier_init()
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            mbarrier_arrive(mbarrier_ref(bars, 1))
+        mbarrier_wait_parity(mbarrier_ref(bars, 1), 0)
+        out[cuda.threadIdx.x] = 1
+
+    lines, first = inspect.getsourcelines(kernel.py_func)
+    declared = first + next(i for i, text in enumerate(lines) if "bars = cuda.shared.array" in text)
+    with pytest.raises(SimulatedHang, match=rf"'bars\[1\]' \(declared at .*test_sim_diagnostics.py:{declared}\)"):
+        kernel[1, 2](np.zeros(2, np.int32))
