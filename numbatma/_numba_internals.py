@@ -833,7 +833,9 @@ def install():
                     static = tuple(s.literal_value for s in shape)
                 if any(s <= 0 for s in static):  # dynamic shared memory: size known only at launch
                     static = None
-                return SharedArray(res.dtype, res.ndim, res.layout, shape=static)
+                declared = getattr(alignment, "literal_value", None)
+                return SharedArray(res.dtype, res.ndim, res.layout, shape=static,
+                                   alignment=declared if isinstance(declared, int) else None)
             return res
 
         return shared_typer

@@ -34,15 +34,18 @@ class SharedArray(types.Array):
     static shape, so ``stages[s]`` of a 3-D shared buffer is still a shared array.
     """
 
-    def __init__(self, dtype, ndim, layout, readonly=False, aligned=True, shape=None):
+    def __init__(self, dtype, ndim, layout, readonly=False, aligned=True, shape=None, alignment=None):
         self.static_shape = None if shape is None else tuple(int(s) for s in shape)
+        #: ``alignment=`` of the ``cuda.shared.array`` call (bytes), when the array comes straight from it
+        self.declared_alignment = None if alignment is None else int(alignment)
         shape_txt = "" if shape is None else f", shape={self.static_shape}"
-        name = f"shared array({dtype}, {ndim}d, {layout}{shape_txt})"
+        align_txt = "" if alignment is None else f", alignment={self.declared_alignment}"
+        name = f"shared array({dtype}, {ndim}d, {layout}{shape_txt}{align_txt})"
         super().__init__(dtype, ndim, layout, readonly=readonly, name=name, aligned=aligned)
 
     @property
     def key(self):
-        return super().key + (self.static_shape,)
+        return super().key + (self.static_shape, self.declared_alignment)
 
     def copy(self, dtype=None, ndim=None, layout=None, readonly=None):
         return SharedArray(

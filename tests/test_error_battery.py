@@ -249,6 +249,15 @@ def k_tma_load_dtype(d):
     tma_load(t, d, (0, 0), b)  # <-
 
 
+@typing_case((D2_SW,), "tma_load: the shared tile was declared with alignment=128, but TMA needs 1024 bytes (the "
+                       "repeat of the descriptor's 128-byte swizzle) for this descriptor: declare it with "
+                       "alignment=1024")
+def k_tma_load_alignment_below_swizzle_repeat(d):
+    t = cuda.shared.array((8, 32), np.float32, alignment=128)
+    b = cuda.shared.array(1, np.uint64)
+    tma_load(t, d, (0, 0), b)  # <-
+
+
 @typing_case((D2T,), "tma_load: the descriptor has rank 2 (box (16, 32)) but 3 coordinates were given")
 def k_tma_load_rank(d):
     t = cuda.shared.array((16, 32), np.float32, alignment=128)
