@@ -24,6 +24,17 @@ from ._define import (
     sim,
 )
 
+__all__ = [
+    "cp_async",
+    "cp_async_commit_group",
+    "cp_async_mbarrier_arrive",
+    "cp_async_mbarrier_arrive_noinc",
+    "cp_async_wait_all",
+    "cp_async_wait_group",
+    "memcpy_async",
+    "memcpy_async_mbarrier",
+]
+
 # The global operand is converted from a generic address inside the asm block.
 COPY_CA = Ptx(
     "{ .reg .u64 g; cvta.to.global.u64 g, $src; cp.async.ca.shared.global [$dst], [g], $nbytes; }",

@@ -10,6 +10,8 @@ from __future__ import annotations
 from ._asm import Ptx
 from ._define import SIMULATING, device_op
 
+__all__ = ["l2_policy_evict_first", "l2_policy_evict_last", "l2_policy_evict_normal"]
+
 EVICT_FIRST = Ptx("createpolicy.fractional.L2::evict_first.b64 $policy, 1.0;", out=("policy", "b64"), min_sm=80)
 EVICT_LAST = Ptx("createpolicy.fractional.L2::evict_last.b64 $policy, 1.0;", out=("policy", "b64"), min_sm=80)
 EVICT_NORMAL = Ptx("createpolicy.fractional.L2::evict_normal.b64 $policy, 1.0;", out=("policy", "b64"), min_sm=80)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from ._asm import Ptx
 from ._define import SIMULATING, check_descriptor_index, descriptor_address, device_op, emit_only, fail, sim
+from .descriptor import ACQUIRE
+
+__all__ = ["fence_mbarrier_init", "fence_proxy_async_shared_cta", "tensormap_acquire"]
 
 PROXY_ASYNC_SHARED_CTA = Ptx("fence.proxy.async.shared::cta;")
 MBARRIER_INIT = Ptx("fence.mbarrier_init.release.cluster;")
-TENSORMAP_ACQUIRE = Ptx("fence.proxy.tensormap::generic.acquire.gpu [$tmap], 128;", ins=(("tmap", "b64"),))
+TENSORMAP_ACQUIRE = ACQUIRE["gpu"]  # declared once, with the descriptor family's release/acquire fences
 
 if not SIMULATING:
     from llvmlite import ir

@@ -12,6 +12,22 @@ from . import _debug
 from ._asm import Ptx
 from ._define import SIMULATING, barrier_address, device_op, require_barrier, require_int, to_u32, sim
 
+__all__ = [
+    "mbarrier_arrive",
+    "mbarrier_arrive_expect_tx",
+    "mbarrier_arrive_n",
+    "mbarrier_complete_tx",
+    "mbarrier_expect_tx",
+    "mbarrier_init",
+    "mbarrier_inval",
+    "mbarrier_ref",
+    "mbarrier_test_wait",
+    "mbarrier_test_wait_parity",
+    "mbarrier_try_wait_parity",
+    "mbarrier_wait",
+    "mbarrier_wait_parity",
+]
+
 # -- the PTX ------------------------------------------------------------------------------------------
 INIT = Ptx("mbarrier.init.shared::cta.b64 [$bar], $count;", ins=(("bar", "b32"), ("count", "b32")), min_sm=80)
 INVAL = Ptx("mbarrier.inval.shared::cta.b64 [$bar];", ins=(("bar", "b32"),), min_sm=80)

@@ -50,6 +50,8 @@ from .cluster_copy import tma_load_multicast
 from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
 from .tma import tma_load, tma_load_hinted
 
+__all__ = ["Pipeline"]
+
 # State slots of a pipeline (32-bit each). A debug build (NUMBATMA_DEBUG=1) adds two: the address of the text
 # naming the pipeline and where it was created, for the messages of its bounded waits.
 BASE, PSTAGE, PPHASE, CSTAGE, CPHASE, RSTAGE = range(6)

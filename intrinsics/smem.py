@@ -12,6 +12,8 @@ import numpy as np
 
 from ._define import SIMULATING, device_op, fail, require_int, require_shared
 
+__all__ = ["shared_view"]
+
 PTX = {}  # no instructions: address arithmetic only
 
 if not SIMULATING:

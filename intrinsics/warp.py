@@ -5,6 +5,8 @@ from __future__ import annotations
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, emit_only, fail, require_int, require_literal_int, sim, to_u32
 
+__all__ = ["elect_one_sync", "named_barrier_arrive", "named_barrier_sync", "setmaxnreg_dec", "setmaxnreg_inc"]
+
 ELECT_ONE = Ptx(
     "{ .reg .pred p; .reg .b32 lane; elect.sync lane|p, 0xffffffff; selp.u32 $elected, 1, 0, p; }",
     out=("elected", "b32"),

@@ -1,0 +1,45 @@
+"""CPU: the PTX registry. Every Ptx description a family module defines is in its PTX table (so all_ptx() and
+docs/ptx.md show it), the package exports exactly the families' __all__, and docs/ptx.md is up to date."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import numbatma.intrinsics as I
+from numbatma.intrinsics._asm import Ptx
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def _module_ptx(module):
+    """(name, Ptx) for every Ptx a module defines at top level, directly or inside a top-level dict/list/tuple."""
+    for name, value in vars(module).items():
+        if isinstance(value, Ptx):
+            yield name, value
+        elif isinstance(value, dict):
+            yield from ((f"{name}[{k!r}]", v) for k, v in value.items() if isinstance(v, Ptx))
+        elif isinstance(value, (list, tuple)):
+            yield from ((f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, Ptx))
+
+
+@pytest.mark.parametrize("module", I.FAMILIES + (I._debug_family,), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_ptx_of_a_family_is_registered(module):
+    registered = {id(p) for p in I.all_ptx().values()}
+    missing = [name for name, p in _module_ptx(module) if id(p) not in registered and name != "PTX"]
+    assert not missing, f"{module.__name__}: Ptx not in any PTX table (add it to the module's PTX): {missing}"
+
+
+def test_the_package_exports_exactly_the_families_all():
+    names = [n for m in I.FAMILIES for n in m.__all__]
+    assert len(names) == len(set(names))
+    assert sorted(I.__all__) == sorted(names)
+    for module in I.FAMILIES:
+        for name in module.__all__:
+            assert getattr(I, name) is getattr(module, name)
+
+
+def test_docs_ptx_md_is_up_to_date():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_ptx_doc.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
