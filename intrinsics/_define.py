@@ -65,9 +65,21 @@ def device_op(simulate=None, prefer_literal=False):
                 )
 
             return unsupported
-        return _intrinsic(target="cuda", prefer_literal=prefer_literal)(_checked_typer(typer, prefer_literal))
+        op = _intrinsic(target="cuda", prefer_literal=prefer_literal)(_checked_typer(typer, prefer_literal))
+        _user_signature(op, typer)
+        return op
 
     return wrap
+
+
+def _user_signature(op, typer):
+    """``help()`` / ``inspect.signature`` of an intrinsic show the kernel's call, ``tma_load(dst, desc, coords,
+    bar)``, not the typer's ``(typingctx, ...)``."""
+    signature = inspect.signature(typer)
+    try:
+        op.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+    except (AttributeError, TypeError):  # (an intrinsic object that takes no attributes: keep Numba's)
+        pass
 
 
 def _checked_typer(typer, prefer_literal):

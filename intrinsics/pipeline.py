@@ -420,4 +420,21 @@ else:
     for _name, _impl in METHODS.items():
         overload_method(PipelineType, _name, target="cuda")(_typer_returning(_impl))
 
+def _methods_doc():
+    """The ``Methods`` section of ``help(Pipeline)``: each method's call and the first sentence of its docstring."""
+    import inspect
+
+    lines = ["", "    Methods (``pipe = Pipeline(...)`` in a kernel):", ""]
+    for name, impl in sorted(METHODS.items()):
+        params = list(inspect.signature(impl).parameters)[1:]
+        first = " ".join((impl.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        lines.append(f"    * ``pipe.{name}({', '.join(params)})``: {first}.")
+    return "\n".join(lines) + "\n"
+
+
+try:
+    Pipeline.__doc__ = (Pipeline.__doc__ or "").rstrip() + "\n" + _methods_doc()
+except (AttributeError, TypeError):  # (an object whose __doc__ is read-only)
+    pass
+
 PTX = {"Pipeline (init, 2 stages shown)": INIT_EXAMPLE}

@@ -1,4 +1,5 @@
 """numbatma.kernels: ready-made TMA and tensor-core kernels built only on numbatma's public API."""
+from ._launch import persistent_grid, sm_count
 from ._plan import Plan
 from .copy import TmaCopy, default_box, tma_copy
 from .gemm import Gemm, GemmConfig, gemm
@@ -8,7 +9,7 @@ from .stream import Axpy, StreamCopy, axpy, stream_copy
 from .transpose import Transpose, transpose
 
 __all__ = [
-    "Plan",
+    "Plan", "persistent_grid", "sm_count",
     "TmaCopy", "default_box", "tma_copy",
     "Gemm", "GemmConfig", "gemm",
     "RowSum", "Softmax", "row_sum", "softmax",

@@ -72,4 +72,20 @@ __all__ = [
     "ArrayLayout",
     "DeviceView",
     "launch_argument",
+    "SimulatedHang",
+    "SimulatedMisuse",
+    "SimulatedTypingError",
 ]
+
+_SIMULATOR_ERRORS = ("SimulatedHang", "SimulatedMisuse", "SimulatedTypingError")
+
+
+def __getattr__(name):
+    """The simulator's exceptions (``numbatma.SimulatedHang``: every thread waits on something no thread can
+    complete; ``SimulatedMisuse``: a rule the GPU punishes; ``SimulatedTypingError``: an operand the GPU build
+    refuses while typing), importable without the simulator running (loaded on first use: no import circle)."""
+    if name in _SIMULATOR_ERRORS:
+        from .intrinsics import _sim
+
+        return getattr(_sim, name)
+    raise AttributeError(f"module 'numbatma' has no attribute {name!r}")

@@ -43,3 +43,30 @@ def test_docs_ptx_md_is_up_to_date():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_ptx_doc.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_help_shows_the_kernel_call_not_the_typer():
+    """``inspect.signature`` / ``help()`` of every exported intrinsic: the kernel's arguments, no ``typingctx``;
+    ``help(Pipeline)`` lists the methods."""
+    import inspect
+
+    for name in I.__all__:
+        obj = getattr(I, name)
+        try:
+            params = list(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            continue  # (not a callable with a signature: constants)
+        assert "typingctx" not in params, f"{name}{inspect.signature(obj)}"
+    from numbatma.intrinsics.pipeline import METHODS
+
+    for method in METHODS:
+        assert f"pipe.{method}(" in I.Pipeline.__doc__, method
+
+
+def test_simulator_errors_and_kernel_helpers_are_public():
+    import numbatma
+    from numbatma.intrinsics import _sim
+    from numbatma.kernels import persistent_grid, sm_count  # noqa: F401
+
+    assert numbatma.SimulatedHang is _sim.SimulatedHang and numbatma.SimulatedMisuse is _sim.SimulatedMisuse
+    assert issubclass(numbatma.SimulatedTypingError, TypeError)
