@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
+from numbatma.targets import TARGETS, capability_text, target_of  # noqa: F401  (one definition, host side)
+
 # PTX register class -> (LLVM type, inline-asm constraint letter)
 _REG = {
     "b16": (ir.IntType(16), "h"),
@@ -29,26 +31,13 @@ _OPERAND = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
-TARGETS = ("sm_90a", "sm_100a", "sm_120a")  # what numbatma compiles for (and CI links for)
-
 
 class UnsupportedTarget(RuntimeError):
     """A kernel uses an operation whose PTX the compile target does not have."""
 
 
-def target_of(arch):
-    """``compute_90a`` / ``sm_90a`` / ``(9, 0, 'a')`` -> ``sm_90a`` (None when not recognisable)."""
-    if isinstance(arch, tuple):
-        arch = "sm_" + "".join(str(x) for x in arch)
-    digits = "".join(ch for ch in str(arch) if ch.isdigit())
-    if not digits:
-        return None
-    return f"sm_{digits}" + ("a" if str(arch).endswith("a") else "")
-
-
 def _capability(target):
-    digits = "".join(ch for ch in target if ch.isdigit())
-    return f"{digits[:-1]}.{digits[-1]}"
+    return capability_text(target)
 
 
 def check_targets(text, arch, instructions):
@@ -82,7 +71,7 @@ class Ptx:
       ``inout`` group that the text does not mention is only carried through: the instruction becomes an
       ordering point for those registers (``wgmma.fence`` / ``wgmma.wait_group`` on the accumulators).
     * ``imm``: names of immediates, substituted as integers into the text.
-    * ``min_sm``: oldest compute capability (major*10+minor) with the instruction.
+    * ``min_sm``: oldest compute capability (major*10+minor) with the instruction (shown in docs/ptx.md).
     * ``targets``: the targets (of ``TARGETS``) whose PTX has the instruction, or ``None`` for all of them.
       A restricted instruction carries a marker comment (``// numbatma:<key>``) in its asm text, so that
       compiling a kernel that uses it for another target raises :class:`UnsupportedTarget` naming the

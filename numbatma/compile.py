@@ -18,8 +18,10 @@ import shutil
 import subprocess
 import tempfile
 
-ARCHS = ("sm_90a", "sm_100a", "sm_120a")
-_CC = {"sm_90a": (9, 0, "a"), "sm_100a": (10, 0, "a"), "sm_120a": (12, 0, "a")}
+from .targets import TARGETS, compute_capability
+
+ARCHS = TARGETS  # (the name tests and scripts use)
+_CC = {t: compute_capability(t) for t in TARGETS}
 
 
 def compile_ptx(pyfunc, argtypes, arch="sm_90a", **kwargs):

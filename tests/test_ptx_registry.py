@@ -70,3 +70,14 @@ def test_simulator_errors_and_kernel_helpers_are_public():
 
     assert numbatma.SimulatedHang is _sim.SimulatedHang and numbatma.SimulatedMisuse is _sim.SimulatedMisuse
     assert issubclass(numbatma.SimulatedTypingError, TypeError)
+
+
+def test_one_definition_of_the_targets():
+    from numbatma import compile as nbc
+    from numbatma.intrinsics import _asm
+    from numbatma.targets import TARGETS, capability_text, compute_capability, target_of
+
+    assert _asm.TARGETS is TARGETS and nbc.ARCHS is TARGETS
+    assert [compute_capability(t) for t in TARGETS] == [(9, 0, "a"), (10, 0, "a"), (12, 0, "a")]
+    assert target_of((9, 0, "a")) == target_of("compute_90a") == "sm_90a" and target_of("xyz") is None
+    assert capability_text("sm_120a") == "12.0"
