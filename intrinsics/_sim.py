@@ -1113,17 +1113,23 @@ def syncthreads():
 
 
 # -- TMA box copies -----------------------------------------------------------------------------------------
+def numpy_of(array):
+    """The NumPy array (sharing memory) behind a simulated array: the simulator's device arrays and views wrap
+    one (``_ary``; records ``_item``), host NumPy arrays are themselves. The one place that unwraps them."""
+    a = array
+    for _ in range(8):
+        if isinstance(a, np.ndarray):
+            return a
+        inner = getattr(a, "_ary", None)
+        a = getattr(a, "_item", None) if inner is None else inner
+        if a is None:
+            break
+    raise TypeError(f"cannot reach the host memory of {type(array).__name__} in the simulator")
+
+
 def _host_array(desc):
     """The NumPy array (sharing memory) behind a TensorMap's array under the simulator."""
-    a = desc.array
-    while not isinstance(a, np.ndarray):
-        inner = getattr(a, "_ary", None)
-        if inner is None:
-            inner = getattr(a, "_item", None)
-        if inner is None:
-            raise TypeError(f"cannot reach the host memory of {type(desc.array).__name__} in the simulator")
-        a = inner
-    return a
+    return numpy_of(desc.array)
 
 
 def _box_index(desc, coords):
@@ -1354,10 +1360,7 @@ def cp_async(dst, dst_index, src, src_index, nbytes):
 
 def _elements(array, index, n):
     """``n`` elements of ``array`` from ``index`` on (C order), as a plain NumPy view (no access checks)."""
-    a = array
-    while not isinstance(a, np.ndarray):  # the simulator's device arrays wrap a NumPy array
-        a = a._ary
-    a = np.asarray(a)
+    a = np.asarray(numpy_of(array))
     idx = (int(index),) if np.isscalar(index) else tuple(int(i) for i in index)
     flat = a.reshape(-1)
     if not np.shares_memory(flat, a):

@@ -283,9 +283,7 @@ def sim_memcpy_async(dst, src, nbytes, bar):
     if n < 0 or n % 16:
         raise s.SimulatedMisuse(f"{op}: nbytes must be a non-negative multiple of 16, got {n}")
     for what, ary in (("the destination", dst), ("the source", src)):
-        a = ary
-        while not isinstance(a, np.ndarray):
-            a = a._ary
+        a = s.numpy_of(ary)
         if n > a.nbytes:
             raise s.SimulatedMisuse(f"{op}: {n} bytes do not fit in {what} ({a.nbytes} bytes)")
         if a.__array_interface__["data"][0] % 16:

@@ -497,13 +497,7 @@ PTX = {
 # -- simulator semantics ------------------------------------------------------------------------------------
 def _host(array):
     """The NumPy array behind a simulator device array (or the array itself)."""
-    a = array
-    while not isinstance(a, np.ndarray):
-        inner = getattr(a, "_ary", None)
-        if inner is None:
-            raise TypeError(f"expected an array, got {type(array).__name__}")
-        a = inner
-    return a
+    return sim().numpy_of(array)
 
 
 def _root(a):

@@ -555,15 +555,7 @@ PTX = {
 
 # -- simulator --------------------------------------------------------------------------------------------
 def _sim_host(array):
-    a = array
-    for _ in range(6):
-        if isinstance(a, np.ndarray):
-            return a
-        inner = getattr(a, "_ary", None)
-        if inner is None:
-            inner = getattr(a, "_item", None)
-        a = inner
-    raise TypeError(f"cannot reach the host memory of {type(array).__name__} in the simulator")
+    return sim().numpy_of(array)
 
 
 def _sim_states():
