@@ -5,7 +5,7 @@
 #                                                        # sanitize: compute-sanitizer, runs beside the others)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
-# Needs the wheels from ../shared/gpu/fetch-wheels in .whl/ (numpy < 2.5 for numba-cuda 0.30.4).
+# Needs the wheels from scripts/fetch_wheels.sh in .whl/ (numpy < 2.5 for numba-cuda 0.30.4; pytest-timeout; compute-sanitizer).
 # Logs go to $OUT (or ./gpu-logs) so they come back from the device machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
