@@ -12,6 +12,7 @@ from __future__ import annotations
 from numba.cuda import types
 from numba.cuda.extending import register_model
 
+from ._shapes import tile_footprint
 from ._types import TensorMapModel, register_constant_attributes
 
 
@@ -51,13 +52,11 @@ class Im2colTensorMapType(types.Type):
 
     @property
     def shared_shape(self):
-        from .tensormap import tile_footprint
 
         return tile_footprint(self.box, (1, 1), self.itemsize, self.swizzle)[0]
 
     @property
     def box_bytes(self):
-        from .tensormap import tile_footprint
 
         return tile_footprint(self.box, (1, 1), self.itemsize, self.swizzle)[1]
 

@@ -18,6 +18,8 @@ from numba.cuda import types
 from numba.cuda.datamodel import models
 from numba.cuda.extending import register_model
 
+from ._shapes import tile_footprint
+
 # The LLVM struct behind every by-value descriptor parameter. The kernel-parameter hook in
 # _numba_internals recognises descriptor parameters by this exact (identified) struct type.
 CUTENSORMAP_STRUCT = ir.global_context.get_identified_type("struct.numbatma.CUtensorMap")
@@ -132,14 +134,12 @@ class TensorMapType(types.Type):
         """Shape (row-major) of the shared-memory tile one load occupies: the box traversed with its element
         strides, ``ceil(box[i] / element_strides[i])`` elements along each axis; rows narrower than the
         swizzle span take a whole span (``numbatma.tensormap.tile_footprint``)."""
-        from .tensormap import tile_footprint
 
         return tile_footprint(self.box, self.element_strides, self.itemsize, self.swizzle)[0]
 
     @property
     def box_bytes(self):
         """Bytes one tile load writes to shared memory (= the mbarrier transaction count it completes)."""
-        from .tensormap import tile_footprint
 
         return tile_footprint(self.box, self.element_strides, self.itemsize, self.swizzle)[1]
 

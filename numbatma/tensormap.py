@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._shapes import tile_footprint  # noqa: F401  (re-exported: numbatma.tensormap.tile_footprint)
+
 __all__ = [
     "TensorMap",
     "TensorMapArray",
@@ -708,19 +710,6 @@ def store_overhang_error(op, dtype_name, itemsize, overhang, extent=None):
         f"with ordinary stores, as numbatma.kernels do; or, if those bytes are yours to overwrite (padding), "
         f"build the TensorMap with allow_store_overhang=True."
     )
-
-
-def tile_footprint(box, element_strides, itemsize, swizzle):
-    """(shared_shape, box_bytes) of one tile load. ``box_bytes`` is what the load writes (its transaction
-    count): ``ceil(box / element_strides)`` elements per axis. With a swizzle whose span is wider than the
-    box's innermost row, the hardware gives every row a whole span in shared memory (observed on an H200:
-    ``scripts/probe_swizzle_pad.py``; the bytes between are not written), so the tile the load occupies has
-    rows of ``span / itemsize`` elements."""
-    counts = tuple(-(-b // e) for b, e in zip(box, element_strides))
-    delivered = math.prod(counts) * itemsize
-    if swizzle and counts[-1] * itemsize < swizzle:
-        counts = counts[:-1] + (swizzle // itemsize,)
-    return counts, delivered
 
 
 def _fp8_element(layout, element):

@@ -81,3 +81,13 @@ def test_one_definition_of_the_targets():
     assert [compute_capability(t) for t in TARGETS] == [(9, 0, "a"), (10, 0, "a"), (12, 0, "a")]
     assert target_of((9, 0, "a")) == target_of("compute_90a") == "sm_90a" and target_of("xyz") is None
     assert capability_text("sm_120a") == "12.0"
+
+
+def test_the_type_modules_do_not_import_the_descriptor_modules():
+    """No import circle: numbatma/_types.py and _im2col_type.py take shape arithmetic from the leaf _shapes.py."""
+    import ast
+
+    for name in ("_types.py", "_im2col_type.py", "_shapes.py", "targets.py"):
+        tree = ast.parse(open(os.path.join(ROOT, "numbatma", name)).read())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+        assert not imported & {"tensormap", "im2col"}, (name, imported)
