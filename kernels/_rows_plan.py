@@ -16,10 +16,11 @@ import numpy as np
 
 from numbatma import ArrayLayout, TensorMapError, array_layout, kernel_view
 
-from ._launch import (MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, ceil_div, require_int,
-                      round_up, slot_elems)
+from ._launch import (MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, ceil_div, persistent_grid,
+                      require_int, round_up, slot_elems)
+from ._plan import Plan
 
-__all__ = ["DTYPES", "RowsConfig", "RowsView", "StagePlan", "box_cols", "check_common", "check_tpr", "fold",
+__all__ = ["DTYPES", "RowsConfig", "RowsPlan", "RowsView", "StagePlan", "box_cols", "check_common", "check_tpr", "fold",
            "plan_chunked", "plan_rows", "register_cap", "rows_view", "smem_budget", "strided_view"]
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -242,3 +243,25 @@ def plan_chunked(n, item, *, warps, tpr, stage_bytes, chunk_boxes, budget, stage
                      col_boxes=kcs, total_col_boxes=kc, slot=slot, stages=min(stages, budget // stage),
                      stage_bytes=stage)
 
+
+class RowsPlan(Plan):
+    """What the row kernels' plans (RowSum, Softmax) share: a persistent grid over the row blocks of their
+    ``config`` (computed on first use: it needs the GPU's SM count), its shared memory, ``threads``."""
+
+    _grid = None
+
+    @property
+    def threads(self):
+        """Threads per block (``block``; the earlier name)."""
+        return self.block
+
+    @property
+    def grid(self):
+        """Persistent grid: ``ctas_per_sm`` CTAs per SM, never more than there are row blocks (needs the GPU)."""
+        if self._grid is None:
+            self._grid = persistent_grid(self.config.row_blocks, self.config.ctas_per_sm)
+        return self._grid
+
+    @property
+    def shared_mem(self):
+        return self.config.smem_bytes

@@ -17,11 +17,11 @@ from numbatma import TensorMap, TensorMapError, array_layout, launch_argument
 from numbatma.intrinsics import Pipeline, shared_view
 
 from ._device import persistent_share
-from ._launch import ceil_div, next_pow2, persistent_grid
-from ._plan import Plan, run
+from ._launch import ceil_div, next_pow2
+from ._plan import run
 from ._reduce import converters, ld, shuffle_reducers
-from ._rows_plan import (box_cols, check_common, check_tpr, fold, plan_chunked, plan_rows, rows_view, smem_budget,
-                         strided_view)
+from ._rows_plan import (RowsPlan, box_cols, check_common, check_tpr, fold, plan_chunked, plan_rows, rows_view,
+                         smem_budget, strided_view)
 
 __all__ = ["RowSum", "row_sum"]
 
@@ -110,7 +110,7 @@ def _fill_zero_kernel():
     return fill_zero
 
 
-class RowSum(Plan):
+class RowSum(RowsPlan):
     """A planned ``out[i] = x[i, :].sum()`` over the last axis (see :mod:`numbatma.kernels.rows` for the design).
 
     ``x``: CUDA array ``(..., n)`` of float32/float16/bfloat16; ``out``: same dtype, shape
@@ -194,22 +194,6 @@ class RowSum(Plan):
             c.box_cols, c.row_boxes, c.col_boxes, c.slot, chunked, bool(fastmath),
         )
         self.block = 32 * (warps + 1)
-
-    @property
-    def threads(self):
-        """Threads per block (``block``; the earlier name)."""
-        return self.block
-
-    @property
-    def grid(self):
-        """Persistent grid: ``ctas_per_sm`` CTAs per SM, never more than there are row blocks (needs the GPU)."""
-        if self._grid is None:
-            self._grid = persistent_grid(self.config.row_blocks, self.config.ctas_per_sm)
-        return self._grid
-
-    @property
-    def shared_mem(self):
-        return self.config.smem_bytes
 
     @property
     def args(self):

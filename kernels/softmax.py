@@ -38,11 +38,11 @@ from numbatma.intrinsics import (
 
 from ._device import persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import ceil_div, next_pow2, persistent_grid
-from ._plan import Plan, run
+from ._launch import ceil_div, next_pow2
+from ._plan import run
 from ._reduce import NEG_INF, converters, dev, group_reducers, ld, st
-from ._rows_plan import (box_cols, check_common, check_tpr, plan_chunked, plan_rows, register_cap, rows_view,
-                         smem_budget)
+from ._rows_plan import (RowsPlan, box_cols, check_common, check_tpr, plan_chunked, plan_rows, register_cap,
+                         rows_view, smem_budget)
 
 __all__ = ["Softmax", "softmax"]
 
@@ -352,7 +352,7 @@ def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs
     return softmax_chunked_kernel
 
 
-class Softmax(Plan):
+class Softmax(RowsPlan):
     """A planned ``out = softmax(x, axis=-1)`` (numerically stable: ``exp(x - max) / sum``), see the
     module docstring for the design and limits.
 
@@ -476,22 +476,6 @@ class Softmax(Plan):
                 lag, bool(fastmath), *exact,
             )
             self.nbytes = 3 * xr.rows * xr.n * item  # x read twice
-
-    @property
-    def threads(self):
-        """Threads per block (``block``; the earlier name)."""
-        return self.block
-
-    @property
-    def grid(self):
-        """Persistent grid: ``ctas_per_sm`` CTAs per SM, never more than there are row blocks (needs the GPU)."""
-        if self._grid is None:
-            self._grid = persistent_grid(self.config.row_blocks, self.config.ctas_per_sm)
-        return self._grid
-
-    @property
-    def shared_mem(self):
-        return self.config.smem_bytes
 
     @property
     def args(self):
