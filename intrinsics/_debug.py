@@ -13,6 +13,7 @@ import os
 from llvmlite import ir
 
 from numbatma import debug as _config
+from numbatma._shapes import tile_alignment
 
 from ._asm import Ptx
 
@@ -181,9 +182,6 @@ def pipeline_origin(context, builder):
 
 
 # -- TMA checks ------------------------------------------------------------------------------------------
-def tile_alignment(desc):
-    """The shared-tile alignment TMA needs for ``desc``: 128 bytes, or the swizzle repeat (8 spans)."""
-    return 128 if not desc.swizzle else max(128, 8 * desc.swizzle)
 
 
 def check_tma(context, builder, op, desc, coords, tile=None, load=False, coords_index=None, tile_index=None):

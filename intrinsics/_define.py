@@ -15,6 +15,7 @@ import math
 from llvmlite import ir
 
 from numbatma import SIMULATING
+from numbatma._shapes import tile_alignment
 
 from numbatma.errors import TypingError
 
@@ -239,12 +240,6 @@ def coords_types(op, desc, coords):
     return tuple(coords)
 
 
-def tma_tile_alignment(desc):
-    """The shared-tile alignment TMA needs for ``desc`` (a TensorMap type): 128 bytes, or the swizzle repeat
-    (8 swizzle spans: 256/512/1024 bytes)."""
-    return 128 if not desc.swizzle else max(128, 8 * int(desc.swizzle))
-
-
 def require_tile_matches(op, tile, desc, unit="one box of the descriptor", detail=""):
     """The shared tile must hold exactly what one load of the descriptor occupies (``unit``; ``detail`` says
     how that size comes about), in the descriptor's dtype."""
@@ -253,7 +248,7 @@ def require_tile_matches(op, tile, desc, unit="one box of the descriptor", detai
         fail(op, f"the shared tile has dtype {tile.dtype} but the descriptor moves {desc.dtype} elements")
     if tile.layout != "C":
         fail(op, f"the shared tile must be C-contiguous, got layout {tile.layout!r}")
-    need = tma_tile_alignment(desc)
+    need = tile_alignment(desc)
     declared = getattr(tile, "declared_alignment", None)
     if declared is not None and declared < need:
         fail(op, f"the shared tile was declared with alignment={declared}, but TMA needs "

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from numbatma._shapes import tile_alignment  # (one definition: typer, debug build, simulator)
+
 _lock = threading.RLock()
 
 
@@ -1166,10 +1168,6 @@ def _numba_array_name(value):
     return f"array({np.dtype(dtype).name}, {ndim}d, {layout})"
 
 
-def tile_alignment(desc):
-    """The shared-tile alignment TMA needs for ``desc``: 128 bytes, or the swizzle repeat (8 spans)."""
-    span = int(desc.swizzle)
-    return 128 if not span else max(128, 8 * span)
 
 
 def check_tile_operands(op, tile, desc, coords, load):

@@ -17,3 +17,10 @@ def tile_footprint(box, element_strides, itemsize, swizzle):
     if swizzle and counts[-1] * itemsize < swizzle:
         counts = counts[:-1] + (swizzle // itemsize,)
     return counts, delivered
+
+
+def tile_alignment(desc):
+    """The shared-tile alignment (bytes) TMA needs for a descriptor (a TensorMap or its Numba type: anything with
+    ``swizzle``): 128 bytes, or the swizzle repeat (8 spans: 256/512/1024 bytes for 32/64/128-byte swizzles)."""
+    span = int(desc.swizzle)
+    return 128 if not span else max(128, 8 * span)
