@@ -135,13 +135,19 @@ def caller_site(depth=None):
     return "<unknown>", 0
 
 
-def describe_site(site):
-    """``'bar' (declared at file:line)`` for the kernel line ``bar = cuda.shared.array(...)``."""
+def declared_name(site):
+    """The variable the kernel line ``site`` assigns (``bar`` for ``bar = cuda.shared.array(...)``), or None."""
     import linecache
     import re
 
     m = re.match(r"\s*([A-Za-z_]\w*)\s*=", linecache.getline(site[0], site[1]))
-    return (f"'{m.group(1)}' " if m else "") + f"(declared at {site[0]}:{site[1]})"
+    return m.group(1) if m else None
+
+
+def describe_site(site):
+    """``'bar' (declared at file:line)`` for the kernel line ``bar = cuda.shared.array(...)``."""
+    name = declared_name(site)
+    return (f"'{name}' " if name else "") + f"(declared at {site[0]}:{site[1]})"
 
 
 # -- addresses -------------------------------------------------------------------------------------------------
@@ -162,14 +168,11 @@ def address_of(array, index=0):
 
 def describe_element(array, index):
     """``'bars[1]' (declared at file:line)`` for element ``index`` of the kernel's shared array ``bars``."""
-    import linecache
-    import re
-
     site = getattr(array, "__dict__", {}).get("_numbatma_site")
     if site is None:
         return f"element {index} of a {array.shape[0]}-element array"
-    m = re.match(r"\s*([A-Za-z_]\w*)\s*=", linecache.getline(site[0], site[1]))
-    return (f"'{m.group(1)}[{index}]'" if m else f"element {index}") + f" (declared at {site[0]}:{site[1]})"
+    name = declared_name(site)
+    return (f"'{name}[{index}]'" if name else f"element {index}") + f" (declared at {site[0]}:{site[1]})"
 
 
 def barrier_of(bar):
