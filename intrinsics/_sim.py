@@ -487,7 +487,10 @@ def _wait_loop(me, manager, state, ready, describe, key):
             if getattr(me, "abort", False):
                 raise RuntimeError("aborted: another simulated thread failed")
             start = time.monotonic()
-            woken = cond.wait(timeout=0.02)
+            # Every change that can make a wait ready notifies its key, so the timeout only paces the hang
+            # check and the abort test: it backs off while nothing happens, so that hundreds of waiting
+            # threads do not poll the lock (and the GIL) away from the threads doing the work.
+            woken = cond.wait(timeout=min(0.02 + idle, 0.25))
             idle = 0.0 if woken else idle + (time.monotonic() - start)
         state.waiting.pop(me, None)
 

@@ -505,6 +505,54 @@ def install_simulator():
 
     thread_cls.run = run
 
+    # The block manager. Upstream's polls its threads in a loop that never blocks, so it holds the GIL but
+    # for the interpreter's switch interval (5 ms): every simulated thread woken from a lock, a barrier or a
+    # warp exchange then waits up to 5 ms to run, and a block whose threads wait on one another (shuffles,
+    # mbarriers) can crawl - minutes instead of seconds under CPU load (seen in CI). This one has upstream's
+    # contract (one BlockThread per thread of the block; release syncthreads once every live thread waits
+    # there; on a thread's exception, abort the others and raise it) and sleeps between polls.
+    import time as _time
+
+    manager_cls = sim_kernel.BlockManager
+
+    def _abort_all(threads):
+        for t in threads:
+            t.abort = True
+            t.syncthreads_blocked = False
+            t.syncthreads_event.set()
+
+    def manager_run(self, grid_point, *args):
+        def target():
+            self._f(*args)
+
+        threads = []
+        for block_point in np.ndindex(*self._block_dim):
+            t = thread_cls(target, self, grid_point, block_point, self._debug)
+            t.start()
+            threads.append(t)
+        live = threads
+        while live:
+            blocked = 0
+            for t in live:
+                if t.syncthreads_blocked:
+                    blocked += 1
+                elif t.exception:
+                    _abort_all(threads)
+                    raise t.exception[0].with_traceback(t.exception[1])
+            if blocked == len(live):  # every live thread waits in syncthreads: release them together
+                for t in live:
+                    t.syncthreads_blocked = False
+                    t.syncthreads_event.set()
+            else:
+                _time.sleep(0.0002)  # (gives the GIL to the simulated threads)
+            live = [t for t in live if t.is_alive()]
+        for t in threads:
+            if t.exception:
+                raise t.exception[0].with_traceback(t.exception[1])
+
+    manager_run._numbatma = True
+    manager_cls.run = manager_run
+
     # A simulated device that answers what persistent kernels ask: 2 SMs (so a persistent grid gives each
     # block several tiles), Hopper's shared-memory opt-in limit.
     from numba.cuda.simulator.cudadrv import devices as sim_devices

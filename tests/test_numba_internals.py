@@ -83,6 +83,18 @@ def test_simulator_hook_points_exist():
     assert "_dynshared" in inspect.getsource(kernelapi.FakeCUDAShared.__init__)
     assert "syncthreads()" in inspect.getsource(kernel.BlockThread.syncthreads_count)  # the wrapped method
     assert "syncthreads()" in inspect.getsource(kernelapi.FakeCUDAModule.syncthreads)
+    # The replacement BlockManager.run builds threads and releases barriers as upstream's does.
+    assert list(inspect.signature(kernel.BlockThread.__init__).parameters) == [
+        "self", "f", "manager", "blockIdx", "threadIdx", "debug"]
+    for attr in ("self.syncthreads_event", "self.exception"):
+        assert attr in thread_init, attr
+    manager_init = inspect.getsource(kernel.BlockManager.__init__)
+    for attr in ("self._f", "self._block_dim", "self._debug"):
+        assert attr in manager_init, attr
+    upstream_run = inspect.getsource(kernel.BlockManager.run)
+    for line in ("BlockThread(target, self, grid_point, block_point, self._debug)", "t.syncthreads_event.set()",
+                 "t.syncthreads_blocked = False", "raise t.exception[0].with_traceback(t.exception[1])"):
+        assert line in upstream_run, line
 
 
 def test_shared_array_typed_as_shared():
