@@ -12,7 +12,7 @@ def case(how):
     from numba import cuda
 
     import numbatma
-    import test_gpu_bulk as T
+    import bulk_kernels as T
 
     src = np.arange(512, dtype=np.int32)
     out = cuda.to_device(np.full(512, 7, np.int32))

@@ -1,7 +1,7 @@
 """CPU tests of the bulk (non-tensor) copies and the block-cooperative memcpy_async: the PTX holds each
 instruction, links for every target through nvJitLink, the sm_90a SASS has the bulk-copy units'
 instructions (UBLKCP, UBLKRED, UBLKPF; LDGSTS for memcpy_async), misuse is a typing error naming the rule,
-and every kernel of tests/test_gpu_bulk.py compiles for sm_90a."""
+and every kernel of the GPU and simulator tests (tests/bulk_kernels.py) compiles for sm_90a."""
 import re
 
 import numpy as np
@@ -34,7 +34,7 @@ from numbatma.intrinsics.bulk import (
     bulk_store_at,
 )
 
-import test_gpu_bulk as gpu
+import bulk_kernels as K
 
 
 def every_copy(src, dst, n, addr, baddr):
@@ -182,35 +182,48 @@ def test_sass_of_memcpy_async():
         assert op in sass
 
 
-# -- the GPU tests' kernels compile for sm_90a ----------------------------------------------------------------
+# -- the GPU tests' kernels (tests/bulk_kernels.py) compile for sm_90a ------------------------------------------
 def _link(fn, sig):
     ptx = nbc.compile_ptx(fn, sig)
     assert nbc.link_cubin(ptx)[:4] == b"\x7fELF"
     return ptx
 
 
-def test_gpu_kernels_compile():
-    i64 = types.int64
-    ptx = _link(gpu.round_trip_at, (types.uint8[::1], types.uint8[::1], i64, i64, i64, types.boolean))
-    assert "cp.async.bulk.prefetch.L2.global" in ptx
-    _link(gpu.tile_round_trip, (types.float64[:, ::1], types.float64[:, ::1], types.float64[::1]))
-    _link(gpu.cluster_copy_self, (types.int32[::1], types.int32[::1], i64))
-    ptx = _link(gpu.block_copy, (types.float32[:, :, ::1], types.float32[:, :, ::1], i64, i64))
-    assert "cp.async.mbarrier.arrive.noinc" in ptx
+# what each kernel's PTX must hold besides linking (by the kernel function's name)
+_COPIES = ["cp.async.bulk.prefetch.L2.global", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+           "cp.async.bulk.global.shared::cta.bulk_group"]
+GPU_KERNEL_PTX = {
+    "round_trip_at": _COPIES,
+    "tile_round_trip": _COPIES,
+    "cluster_copy_self": ["cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"],
+    "cluster_exchange": ["cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes", "mapa"],
+    "block_copy": ["cp.async.cg.shared.global", "cp.async.wait_all", "cp.async.mbarrier.arrive.noinc"],
+}
 
 
-@pytest.mark.parametrize("op, dtype", gpu.REDUCE_CASES)
+@pytest.mark.parametrize("name", sorted(K.KERNEL_SIGNATURES))
+def test_gpu_kernels_compile(name):
+    fn, sig = K.KERNEL_SIGNATURES[name]
+    ptx = _link(fn, sig)
+    for text in GPU_KERNEL_PTX[fn.__name__]:
+        assert text in ptx, (name, text)
+
+
+def test_the_launched_kernels_are_the_compiled_ones():
+    """What the GPU and simulator tests launch is the functions test_gpu_kernels_compile compiles."""
+    fns = {fn for fn, _ in K.KERNEL_SIGNATURES.values()}
+    launched = [K.round_trip_at_kernel, K.cluster_copy_self_kernel, K.cluster_exchange_kernel,
+                K.tile_round_trip_kernel(), *(K.tile_round_trip_kernel(*case) for case in K.TILE_CASES),
+                K.block_copy_kernel(), K.block_copy_kernel(*K.MEMCPY_SMALL)]
+    for kernel in launched:
+        assert kernel.py_func in fns, kernel.py_func.__name__
+
+
+@pytest.mark.parametrize("op, dtype", K.REDUCE_CASES)
 def test_gpu_reduce_kernels_compile(op, dtype):
-    nt = getattr(types, dtype)
     for indexed in (False, True):
-        ptx = _link(gpu.make_reduce_kernel(op, dtype, indexed), (nt[:, ::1], nt[::1]))
+        ptx = _link(K.make_reduce_kernel(op, dtype, indexed), K.REDUCE_SIGNATURE[dtype])
         assert f"cp.reduce.async.bulk.global.shared::cta.bulk_group.{op}." in ptx
-
-
-def test_gpu_cluster_exchange_kernel_compiles():
-    ptx = _link(gpu.cluster_exchange, (types.int32[::1], types.int32[::1]))
-    assert "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes" in ptx
-    assert "mapa" in ptx
 
 
 # -- typing errors ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """CPU tests of the cluster-wide copies (intrinsics/cluster_copy.py): every PTX form is emitted and links
 for sm_90a, sm_100a and sm_120a through nvJitLink; the sm_90a SASS has the multicast TMA load (UTMALDG
-.MULTICAST), STAS and REDAS; misuse is a typing error naming the rule; the GPU test kernels compile."""
+.MULTICAST), STAS and REDAS; misuse is a typing error naming the rule; the GPU test kernels
+(tests/cluster_copy_kernels.py) compile."""
 import re
 
 import numpy as np
@@ -24,7 +25,7 @@ from numbatma.intrinsics.cluster_copy import (
 )
 from numbatma.intrinsics.mbarrier import mbarrier_init
 
-import test_gpu_cluster_copy as gpu
+import cluster_copy_kernels as K
 from fakes import FakeCudaArray
 
 SHAPES = {1: (256,), 2: (64, 64), 3: (4, 16, 32), 4: (2, 4, 8, 32), 5: (2, 2, 4, 8, 32)}
@@ -338,8 +339,8 @@ def test_module_exports():
         assert "The caller guarantees" in doc
 
 
-# -- the GPU test kernels compile (offline, sm_90a) ---------------------------------------------------------------
+# -- the GPU test kernels (tests/cluster_copy_kernels.py) compile (offline, sm_90a) ---------------------------------
 def test_gpu_kernels_compile():
-    for fn, sig in gpu.kernel_signatures(FakeCudaArray):
+    for fn, sig in K.kernel_signatures(FakeCudaArray):
         ptx = nbc.compile_ptx(fn, sig, arch="sm_90a")
         nbc.link_cubin(ptx, "sm_90a")

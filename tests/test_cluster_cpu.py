@@ -45,7 +45,7 @@ from numbatma.intrinsics import (
 )
 from numbatma.intrinsics._asm import TARGETS
 
-import test_gpu_cluster as gpu
+import cluster_kernels as K
 
 
 def every_cluster_op(out, fout):
@@ -187,7 +187,7 @@ def test_cluster_shape_normalises_and_checks():
 
 
 def test_with_cluster_checks_grid_before_launch():
-    kernel = cuda.jit(gpu.k_ids)
+    kernel = cuda.jit(K.k_ids)
     with pytest.raises(ValueError, match=r"grid \(3, 1, 1\) \(in blocks\) is not a whole number of clusters of "
                                          r"shape \(2, 1, 1\): along x"):
         with_cluster(kernel, (2, 1, 1))[3, 32]
@@ -255,18 +255,18 @@ def test_launch_config_hook_is_installed():
 # -- compile-time shape ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", TARGETS)
 def test_compile_time_shape_becomes_reqnctapercluster(arch):
-    ptx = nbc.compile_ptx(gpu.k_ids, (types.uint32[:, ::1],), arch=arch,
+    ptx = nbc.compile_ptx(K.k_ids, (types.uint32[:, ::1],), arch=arch,
                           launch_bounds=cluster_launch_bounds((2, 2), 256))
     assert re.search(r"\.reqnctapercluster\s+2,\s*2,\s*1", ptx)
     assert ".explicitcluster" in ptx
     assert re.search(r"\.maxntid\s+256", ptx)  # the ordinary launch bounds are kept
     assert nbc.link_cubin(ptx, arch)[:4] == b"\x7fELF"
-    plain = nbc.compile_ptx(gpu.k_ids, (types.uint32[:, ::1],), arch=arch)
+    plain = nbc.compile_ptx(K.k_ids, (types.uint32[:, ::1],), arch=arch)
     assert ".reqnctapercluster" not in plain
 
 
 def test_cluster_kernel_decorator():
-    kernel = cluster_kernel((2, 1))(cuda.jit(launch_bounds=128)(gpu.k_ids))
+    kernel = cluster_kernel((2, 1))(cuda.jit(launch_bounds=128)(K.k_ids))
     bounds = kernel.targetoptions["launch_bounds"]
     assert isinstance(bounds, ClusterLaunchBounds) and bounds.cluster_dims == (2, 1, 1) and tuple(bounds) == (128,)
     assert cluster_kernel(2)(kernel) is kernel  # the same shape again is fine
@@ -277,9 +277,9 @@ def test_cluster_kernel_decorator():
     with pytest.raises(ValueError, match="not a whole number of clusters"):
         with_cluster(kernel, 2)[3, 32]
     with pytest.raises(TypeError, match="not a device function"):
-        cluster_kernel(2)(cuda.jit(device=True)(gpu.k_ids))
+        cluster_kernel(2)(cuda.jit(device=True)(K.k_ids))
     with pytest.raises(TypeError, match="decorates a @cuda.jit kernel"):
-        cluster_kernel(2)(gpu.k_ids)
+        cluster_kernel(2)(K.k_ids)
     import pickle
 
     assert pickle.loads(pickle.dumps(bounds)).cluster_dims == (2, 1, 1)
@@ -288,7 +288,7 @@ def test_cluster_kernel_decorator():
 def test_cluster_kernel_after_compilation_is_refused():
     import types as pytypes
 
-    kernel = cuda.jit(gpu.k_ids)
+    kernel = cuda.jit(K.k_ids)
     key = (types.uint32[:, ::1],)
     kernel.overloads[key] = pytypes.SimpleNamespace(entry_point=None)  # (what compiling leaves; no GPU here)
     try:
@@ -308,15 +308,10 @@ def test_compiled_shape_grid_check_on_launch():
     internals._check_compiled_cluster_grid(object(), (3, 3, 3))  # no compile-time shape: nothing to check
 
 
-# -- the GPU test kernels compile ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fn, sig", [
-    (gpu.k_ids, (types.uint32[:, ::1],)),
-    (gpu.k_dsmem, (types.float32[:, ::1], types.uint32[:, ::1], types.uint32[:, ::1], types.float32[:, ::1],
-                   types.float32[:, ::1])),
-    (gpu.k_remote_arrive, (types.int64, types.uint32[::1], types.uint32[:, ::1])),
-    (gpu.k_big_dynamic, (types.uint32[:, ::1],)),
-])
-def test_gpu_kernels_compile_for_sm_90a(fn, sig):
+# -- the GPU test kernels (tests/cluster_kernels.py) compile ----------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(K.KERNEL_SIGNATURES))
+def test_gpu_kernels_compile_for_sm_90a(name):
+    fn, sig = K.KERNEL_SIGNATURES[name]
     ptx = nbc.compile_ptx(fn, sig, arch="sm_90a")
     assert nbc.link_cubin(ptx, "sm_90a")[:4] == b"\x7fELF"
 

@@ -1,17 +1,17 @@
-"""CPU tests of intrinsics/descriptor.py: the GPU test kernels compile for every target, their PTX holds each
-tensormap instruction, they link through nvJitLink; SASS spot checks; typing errors."""
+"""CPU tests of intrinsics/descriptor.py: the GPU test kernels (tests/descriptor_kernels.py) compile for every
+target, their PTX holds each tensormap instruction, they link through nvJitLink; SASS spot checks; typing
+errors."""
 import re
 
 import numpy as np
 import pytest
 from numba import cuda, types
 
-from numbatma import OOBFill, TensorMap, compile as nbc
+from numbatma import TensorMap, compile as nbc
 from numbatma._types import TensorMapArrayType
 from numbatma.intrinsics import (
     align_up,
     prefetch_tensormap,
-    shared_tensormap,
     tensormap_fence_acquire_cta,
     tensormap_fence_acquire_gpu,
     tensormap_fence_release_cta,
@@ -31,14 +31,11 @@ from numbatma.intrinsics import (
 )
 from numbatma.intrinsics.descriptor import PTX
 
-import test_gpu_descriptor as g
+import descriptor_kernels as K
 from fakes import FakeCudaArray
 
-D2 = TensorMap(FakeCudaArray((16, 32), np.float32), (g.BR, g.BC))
+D2 = TensorMap(FakeCudaArray((16, 32), np.float32), (K.BR, K.BC))
 WS2 = TensorMapArrayType(D2.numba_type)
-LIKE = TensorMap(FakeCudaArray(g.RB_SHAPE, np.float16), g.RB_BOX, element_strides=g.RB_ESTRIDES, oob_fill=OOBFill.NAN)
-TEMPLATE = TensorMap(FakeCudaArray((64, 64), np.float32), (8, 8), swizzle=32)
-I32, I64, U64 = types.int32[::1], types.int64[::1], types.uint64[::1]
 
 
 def every_other_op(d, out):
@@ -73,12 +70,7 @@ def every_global_replace(ws, out):
 
 
 KERNELS = {
-    "grouped_publish": (g.grouped_publish, (D2.numba_type, WS2, U64, I32, I32, I64, I64, types.float32[::1])),
-    "grouped_in_place": (g.grouped_in_place, (WS2, U64, I32, I32, I64, I64, types.float32[::1])),
-    "rebuild_all_fields": (g.rebuild_all_fields, (TEMPLATE.numba_type, LIKE.numba_type,
-                                                  TensorMapArrayType(LIKE.numba_type), types.float16[:, :, ::1],
-                                                  types.float16[:, ::1])),
-    "prefetch_then_load": (g.prefetch_then_load, (D2.numba_type, WS2, types.float32[:, ::1])),
+    **K.kernel_signatures(FakeCudaArray),  # the GPU / simulator tests' kernels, as their runners launch them
     "every_other_op": (every_other_op, (D2.numba_type, types.int64[::1])),
     "every_global_replace": (every_global_replace, (WS2, types.float32[::1])),
 }
@@ -126,10 +118,10 @@ def test_links_for_every_target(compiled):
 
 
 def test_sass_spot_check():
-    ptx = nbc.compile_ptx(g.prefetch_then_load, KERNELS["prefetch_then_load"][1], arch="sm_90a")
+    ptx = nbc.compile_ptx(K.prefetch_then_load, KERNELS["prefetch_then_load"][1], arch="sm_90a")
     sass = nbc.sass(nbc.link_cubin(ptx, "sm_90a"))
     assert "UTMACCTL.PF" in sass, "prefetch.tensormap left no descriptor prefetch (UTMACCTL.PF) in SASS"
-    ptx = nbc.compile_ptx(g.grouped_publish, KERNELS["grouped_publish"][1], arch="sm_90a")
+    ptx = nbc.compile_ptx(K.grouped_publish, KERNELS["grouped_publish"][1], arch="sm_90a")
     sass = nbc.sass(nbc.link_cubin(ptx, "sm_90a"))
     assert "UTMALDG.2D" in sass
     assert "UTMACCTL.IV" in sass  # the tensormap acquire fence: invalidate the TMA unit's cached descriptor

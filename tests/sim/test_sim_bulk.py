@@ -1,17 +1,20 @@
 """Under NUMBA_ENABLE_CUDASIM=1: bulk (non-tensor) copies, bulk reductions, the L2 prefetch and the
 block-cooperative memcpy_async give NumPy's result; a size that is not a multiple of 16, a misaligned
 address, a range past the array, reading before the wait and reusing a store's source too early are
-reported."""
+reported.
+
+The kernels and runners are those of the GPU tests (tests/bulk_kernels.py); the kernels defined here exist only
+to break a rule the simulator reports."""
 import numpy as np
 import pytest
 from numba import cuda
 
+from numbatma.cluster import with_cluster
 from numbatma.intrinsics import (
     bulk_commit_group,
     cluster_ctarank,
     bulk_wait_group,
     bulk_wait_group_read,
-    cp_async_wait_all,
     fence_mbarrier_init,
     fence_proxy_async_shared_cta,
     mapa_barrier,
@@ -21,57 +24,41 @@ from numbatma.intrinsics import (
     mbarrier_wait_parity,
 )
 from numbatma.intrinsics._sim import SimulatedMisuse
-from numbatma.intrinsics.async_copy import memcpy_async, memcpy_async_mbarrier
-from numbatma.intrinsics.bulk import (
-    REDUCE_TYPES,
-    bulk_copy_to_cluster,
-    bulk_load,
-    bulk_load_at,
-    bulk_prefetch_l2,
-    bulk_prefetch_l2_at,
-    bulk_reduce,
-    bulk_reduce_at,
-    bulk_store,
-    bulk_store_at,
-)
+from numbatma.intrinsics.async_copy import memcpy_async
+from numbatma.intrinsics.bulk import bulk_copy_to_cluster, bulk_load_at, bulk_reduce, bulk_store, bulk_store_at
+
+import bulk_kernels as K
 
 RNG = np.random.default_rng()
 
 
 # -- global -> shared -> global with run-time byte counts and offsets -------------------------------------
+@pytest.mark.parametrize("nbytes", K.ROUND_TRIP_SIZES[:3])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_round_trip_odd_sizes(nbytes, prefetch):
+    got, want = K.run_round_trip(RNG, nbytes, prefetch)
+    np.testing.assert_array_equal(got, want)
+
+
 @cuda.jit
-def round_trip_at(src, dst, src_off, dst_off, nbytes, wait, prefetch=False):
+def store_before_the_wait(src, dst, nbytes):
     buf = cuda.shared.array(0, np.uint8)
     bar = cuda.shared.array(1, np.uint64)
     if cuda.threadIdx.x == 0:
         mbarrier_init(bar, 1)
         fence_mbarrier_init()
-        if prefetch:
-            bulk_prefetch_l2_at(src, src_off, nbytes)
         mbarrier_arrive_expect_tx(bar, nbytes)
-        bulk_load_at(buf, 0, src, src_off, nbytes, bar)
-        if wait:
-            mbarrier_wait_parity(bar, 0)
-        bulk_store_at(dst, dst_off, buf, 0, nbytes)
+        bulk_load_at(buf, 0, src, 0, nbytes, bar)
+        bulk_store_at(dst, 0, buf, 0, nbytes)  # (no mbarrier_wait_parity before it)
         bulk_commit_group()
         bulk_wait_group(0)
-
-
-@pytest.mark.parametrize("nbytes", [16, 48, 4112])
-def test_round_trip_odd_sizes(nbytes):
-    src = RNG.integers(0, 256, nbytes + 64, dtype=np.uint8)
-    dst = np.full(nbytes + 96, 0xAB, np.uint8)
-    round_trip_at[1, 1, 0, nbytes](src, dst, 32, 48, nbytes, True, True)
-    want = np.full_like(dst, 0xAB)
-    want[48:48 + nbytes] = src[32:32 + nbytes]
-    np.testing.assert_array_equal(dst, want)
 
 
 def test_store_before_the_load_is_waited_for_is_reported():
     src = np.ones(64, np.uint8)
     with pytest.raises(SimulatedMisuse, match=r"bulk_store_at reads shared bytes .* of the bytes the bulk_load_at at "
                                               r".* before that copy is known complete"):
-        round_trip_at[1, 1, 0, 64](src, np.zeros(64, np.uint8), 0, 0, 32, False)
+        store_before_the_wait[1, 1, 0, 64](src, np.zeros(64, np.uint8), 32)
 
 
 @pytest.mark.parametrize("nbytes, src_off, dst_off, message", [
@@ -83,110 +70,48 @@ def test_store_before_the_load_is_waited_for_is_reported():
 ])
 def test_misuse_of_sizes_and_alignment(nbytes, src_off, dst_off, message):
     with pytest.raises(SimulatedMisuse, match=message):
-        round_trip_at[1, 1, 0, 128](np.ones(64, np.uint8), np.zeros(64, np.uint8), src_off, dst_off, nbytes, True)
+        K.round_trip_at_kernel[1, 1, 0, 128](np.ones(64, np.uint8), np.zeros(64, np.uint8), src_off, dst_off,
+                                             nbytes, False)
+
+
+@pytest.mark.parametrize("nbytes, src_off, message", [
+    (24, 0, r"bulk_prefetch_l2_at: the byte count must be a positive multiple of 16, got 24"),
+    (16, 8, r"bulk_prefetch_l2_at: the prefetched array address is 8 bytes past a 16-byte boundary"),
+    (64, 16, r"bulk_prefetch_l2_at: 64 bytes from element \(16,\) run 16 byte\(s\) past the end"),
+])
+def test_prefetch_checks_its_arguments(nbytes, src_off, message):
+    with pytest.raises(SimulatedMisuse, match=message):
+        K.round_trip_at_kernel[1, 1, 0, 64](np.ones(64, np.uint8), np.zeros(64, np.uint8), src_off, 0, nbytes, True)
 
 
 # -- the whole-array forms, a 2-D tile, all threads read after the wait ----------------------------------------
-ROWS, COLS = 3, 12  # 144 bytes of float32
-
-
-@cuda.jit
-def tile_round_trip(src, dst, out):
-    tile = cuda.shared.array((ROWS, COLS), np.float32, alignment=16)
-    bar = cuda.shared.array(1, np.uint64)
-    tid = cuda.threadIdx.x
-    if tid == 0:
-        mbarrier_init(bar, 1)
-        fence_mbarrier_init()
-        bulk_prefetch_l2(src, ROWS * COLS * 4)
-        mbarrier_arrive_expect_tx(bar, ROWS * COLS * 4)
-        bulk_load(tile, src, bar)
-    cuda.syncthreads()  # (the barrier is initialised before anyone waits on it)
-    mbarrier_wait_parity(bar, 0)
-    out[tid] = tile[tid % ROWS, tid]
-    cuda.syncthreads()
-    if tid < ROWS:
-        tile[tid, 0] = -tile[tid, 0]
-    fence_proxy_async_shared_cta()
-    cuda.syncthreads()
-    if tid == 0:
-        bulk_store(dst, tile)
-        bulk_commit_group()
-        bulk_wait_group(0)
-
-
-def test_whole_array_forms():
-    src = RNG.standard_normal((ROWS, COLS)).astype(np.float32)
-    dst = np.full((ROWS, COLS), np.nan, np.float32)
-    out = np.full(COLS, np.nan, np.float32)
-    tile_round_trip[1, COLS](src, dst, out)
+@pytest.mark.parametrize("rows, cols, dtype", K.TILE_CASES)
+def test_whole_array_forms(rows, cols, dtype):
+    dst, out, src = K.run_tile_round_trip(RNG, rows, cols, dtype)
     want = src.copy()
     want[:, 0] *= -1
     np.testing.assert_array_equal(dst, want)
-    np.testing.assert_array_equal(out, src[np.arange(COLS) % ROWS, np.arange(COLS)])
+    np.testing.assert_array_equal(out, src.reshape(-1))
 
 
 # -- reductions -------------------------------------------------------------------------------------------
-N_RED = 24  # elements of the reduced tile (48, 96 or 192 bytes)
+@pytest.mark.parametrize("indexed", [False, True])
+@pytest.mark.parametrize("op, dtype", K.REDUCE_CASES)
+def test_reduce_matches_numpy(op, dtype, indexed):
+    got, want = K.run_reduce(RNG, op, dtype, indexed, 1)
+    u = f"u{want.itemsize}"
+    np.testing.assert_array_equal(got.view(u), want.view(u))
 
 
-def _operands(op, dtype):
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        old = RNG.integers(-50, 50, N_RED).astype(dtype)  # exact in float16 too
-        new = RNG.integers(-50, 50, N_RED).astype(dtype)
-    elif op in ("inc", "dec"):
-        old = RNG.integers(0, 10, N_RED).astype(dtype)
-        new = RNG.integers(0, 10, N_RED).astype(dtype)
-        old[:3] = (0, 5, 9)
-        new[:3] = (4, 5, 3)  # dec: old == 0, old == new, old > new
-    else:
-        info = np.iinfo(dtype)
-        old = RNG.integers(info.min, info.max, N_RED, dtype=dtype, endpoint=True)
-        new = RNG.integers(info.min, info.max, N_RED, dtype=dtype, endpoint=True)
-    return old, new
+@pytest.mark.parametrize("op, dtype", K.MANY_BLOCK_CASES)
+def test_reduce_from_several_blocks(op, dtype):
+    got, want = K.run_reduce(RNG, op, dtype, False, 3)
+    np.testing.assert_array_equal(got, want)
 
 
-def _numpy_reduce(op, old, new):
-    if op == "add":
-        with np.errstate(over="ignore"):
-            return old + new
-    if op == "inc":
-        return np.where(old >= new, 0, old + 1).astype(old.dtype)
-    if op == "dec":
-        return np.where((old == 0) | (old > new), new, old - 1).astype(old.dtype)
-    return {"min": np.minimum, "max": np.maximum, "and": np.bitwise_and, "or": np.bitwise_or,
-            "xor": np.bitwise_xor}[op](old, new)
-
-
-def _reduce_kernel(op, dtype, indexed):
-    @cuda.jit
-    def k(src, dst):
-        tile = cuda.shared.array(N_RED, dtype, alignment=16)
-        tid = cuda.threadIdx.x
-        tile[tid] = src[tid]
-        fence_proxy_async_shared_cta()
-        cuda.syncthreads()
-        if tid == 0:
-            if indexed:
-                bulk_reduce_at(op, dst, 0, tile, 0, N_RED * tile.itemsize)
-            else:
-                bulk_reduce(op, dst, tile)
-            bulk_commit_group()
-            bulk_wait_group(0)
-
-    return k
-
-
-CASES = [(op, dt) for op, table in REDUCE_TYPES.items() for dt in table]
-
-
-@pytest.mark.parametrize("op, dtype", CASES)
-def test_reduce_matches_numpy(op, dtype):
-    old, new = _operands(op, dtype)
-    dst = old.copy()
-    _reduce_kernel(op, dtype, indexed=(op in ("min", "and", "inc")))[1, N_RED](new, dst)
-    np.testing.assert_array_equal(dst, _numpy_reduce(op, old, new))
+def test_reduce_float_add_from_several_blocks():
+    got, want = K.run_float_add(RNG, 3)
+    np.testing.assert_array_equal(got, want)
 
 
 # -- the store's source may be reused only after bulk_wait_group_read ------------------------------------------
@@ -234,93 +159,59 @@ def test_store_of_unfenced_writes_is_reported():
 
 
 # -- shared -> shared::cluster within the one CTA of a simulated cluster -------------------------------------
-@cuda.jit
-def cluster_copy_self(src, out, nbytes):
-    a = cuda.shared.array(64, np.int32, alignment=16)
-    b = cuda.shared.array(64, np.int32, alignment=16)
-    bar = cuda.shared.array(1, np.uint64)
-    tid = cuda.threadIdx.x
-    a[tid] = src[tid]
-    b[tid] = -1
-    if tid == 0:
-        mbarrier_init(bar, 1)
-        fence_mbarrier_init()
-    fence_proxy_async_shared_cta()
-    cuda.syncthreads()
-    if tid == 0:
-        mbarrier_arrive_expect_tx(bar, nbytes)
-        bulk_copy_to_cluster(b, a, nbytes, bar)
-    mbarrier_wait_parity(bar, 0)
-    out[tid] = b[tid]
+@pytest.mark.parametrize("nbytes", K.CLUSTER_SELF_SIZES + [112])
+@pytest.mark.parametrize("plain", [True, False])
+def test_cluster_copy_within_the_cta(nbytes, plain):
+    got, src = K.run_cluster_copy_self(RNG, nbytes, plain=plain)
+    np.testing.assert_array_equal(got[:nbytes // 4], src[:nbytes // 4])
+    np.testing.assert_array_equal(got[nbytes // 4:], -1)
 
 
-def test_cluster_copy_within_the_cta():
-    src = RNG.integers(-1000, 1000, 64).astype(np.int32)
-    out = np.zeros(64, np.int32)
-    cluster_copy_self[1, 64](src, out, 112)  # 28 elements
-    np.testing.assert_array_equal(out[:28], src[:28])
-    np.testing.assert_array_equal(out[28:], -1)
-
-
-@pytest.mark.parametrize("nbytes, src_off, message", [
-    (24, 0, r"bulk_prefetch_l2_at: the byte count must be a positive multiple of 16, got 24"),
-    (16, 8, r"bulk_prefetch_l2_at: the prefetched array address is 8 bytes past a 16-byte boundary"),
-    (64, 16, r"bulk_prefetch_l2_at: 64 bytes from element \(16,\) run 16 byte\(s\) past the end"),
-])
-def test_prefetch_checks_its_arguments(nbytes, src_off, message):
-    with pytest.raises(SimulatedMisuse, match=message):
-        round_trip_at[1, 1, 0, 64](np.ones(64, np.uint8), np.zeros(64, np.uint8), src_off, 0, nbytes, True, True)
+def test_cluster_copy_between_ctas_is_not_simulated():
+    src = np.zeros(512, np.int32)
+    with pytest.raises(NotImplementedError, match=r"clusters of \(2, 1, 1\) CTAs cannot run"):
+        with_cluster(K.cluster_exchange_kernel, (2, 1, 1))[2, 256](src, np.zeros_like(src))
 
 
 # -- block-cooperative memcpy_async ------------------------------------------------------------------------
-MC_ROWS, MC_COLS = 5, 24  # 480 bytes: 30 pieces of 16 bytes over 8 threads (uneven shares)
-
-
-@cuda.jit
-def block_copy(src, out, mode, nbytes):
-    tile = cuda.shared.array((MC_ROWS, MC_COLS), np.float32, alignment=16)
-    bar = cuda.shared.array(1, np.uint64)
-    tid = cuda.threadIdx.x
-    if tid == 0:
-        mbarrier_init(bar, cuda.blockDim.x)
-        fence_mbarrier_init()
-    for k in range(tid, MC_ROWS * MC_COLS, cuda.blockDim.x):
-        tile[k // MC_COLS, k % MC_COLS] = -1.0
-    cuda.syncthreads()
-    if mode == 0:
-        memcpy_async(tile, src, nbytes)
-        cp_async_wait_all()
-        cuda.syncthreads()
-    elif mode == 1:
-        memcpy_async_mbarrier(tile, src, nbytes, bar)
-        mbarrier_wait_parity(bar, 0)
-    else:  # reads without waiting
-        memcpy_async(tile, src, nbytes)
-    for k in range(tid, MC_ROWS * MC_COLS, cuda.blockDim.x):
-        out[k // MC_COLS, k % MC_COLS] = tile[k // MC_COLS, k % MC_COLS]
+MC_ROWS, MC_COLS = K.MEMCPY_SMALL  # 480 bytes: 30 pieces of 16 bytes over 8 threads (uneven shares)
+MEMCPY_CASES = [(MC_ROWS, MC_COLS, 480, (8, 1)), (MC_ROWS, MC_COLS, 208, (8, 1))] + [
+    (K.MC_ROWS, K.MC_COLS, nbytes, block) for nbytes, block in K.MEMCPY_CASES]
 
 
 @pytest.mark.parametrize("mode", [0, 1])
-@pytest.mark.parametrize("nbytes", [480, 208])
-def test_memcpy_async(mode, nbytes):
-    src = RNG.standard_normal((MC_ROWS, MC_COLS)).astype(np.float32)
-    out = np.full_like(src, np.nan)
-    block_copy[1, 8](src, out, mode, nbytes)
-    want = np.full(src.size, -1.0, np.float32)
-    want[:nbytes // 4] = src.reshape(-1)[:nbytes // 4]
-    np.testing.assert_array_equal(out.reshape(-1), want)
+@pytest.mark.parametrize("rows, cols, nbytes, block", MEMCPY_CASES)
+def test_memcpy_async(mode, rows, cols, nbytes, block):
+    got, src = K.run_block_copy(RNG, mode, nbytes, block, rows, cols)
+    n = nbytes // 4
+    for rnd in range(2):
+        want = np.full(rows * cols, -1.0, np.float32)
+        want[:n] = src[rnd].reshape(-1)[:n]
+        np.testing.assert_array_equal(got[rnd], want)
+
+
+@cuda.jit
+def memcpy_read_before_the_wait(src, out, nbytes):
+    tile = cuda.shared.array((MC_ROWS, MC_COLS), np.float32, alignment=16)
+    tid = cuda.threadIdx.x
+    for k in range(tid, MC_ROWS * MC_COLS, cuda.blockDim.x):
+        tile[k // MC_COLS, k % MC_COLS] = -1.0
+    cuda.syncthreads()
+    memcpy_async(tile, src, nbytes)  # (no cp_async_wait_all before the reads)
+    for k in range(tid, MC_ROWS * MC_COLS, cuda.blockDim.x):
+        out[k // MC_COLS, k % MC_COLS] = tile[k // MC_COLS, k % MC_COLS]
 
 
 def test_memcpy_async_read_before_wait_is_reported():
     src = np.ones((MC_ROWS, MC_COLS), np.float32)
     with pytest.raises(SimulatedMisuse, match=r"before that copy is known complete"):
-        block_copy[1, 8](src, np.zeros_like(src), 2, 480)
+        memcpy_read_before_the_wait[1, 8](src, np.zeros_like(src), 480)
 
 
 def test_memcpy_async_size_not_multiple_of_16_is_reported():
-    src = np.ones((MC_ROWS, MC_COLS), np.float32)
+    src = np.ones((2, MC_ROWS, MC_COLS), np.float32)
     with pytest.raises(SimulatedMisuse, match=r"memcpy_async: nbytes must be a non-negative multiple of 16, got 40"):
-        block_copy[1, 8](src, np.zeros_like(src), 0, 40)
+        K.block_copy_kernel(MC_ROWS, MC_COLS)[1, 8](src, np.zeros_like(src), 0, 40)
 
 
 # -- the same through shared::cluster addresses (mapa_shared / mapa_barrier of the CTA's own rank) ---------

@@ -1,4 +1,4 @@
-"""Under NUMBA_ENABLE_CUDASIM=1: clusters of one CTA. The GPU test kernels (tests/test_gpu_cluster.py) run with
+"""Under NUMBA_ENABLE_CUDASIM=1: clusters of one CTA. The GPU test kernels (tests/cluster_kernels.py) run with
 the hardware's result for a cluster of (1, 1, 1): rank 0 of 1, clusterid == blockIdx, DSMEM to rank 0 is the
 CTA's own shared memory, a remote arrive on its own barrier; the cluster barrier is a block barrier. Clusters of
 more than one CTA, and ranks other than 0, are refused with a message."""
@@ -25,7 +25,7 @@ from numbatma.intrinsics import (
 )
 from numbatma.intrinsics._sim import SimulatedHang, SimulatedMisuse
 
-import test_gpu_cluster as g
+import cluster_kernels as K
 
 RNG = np.random.default_rng()
 ONE = (1, 1, 1)
@@ -34,15 +34,15 @@ ONE = (1, 1, 1)
 @pytest.mark.parametrize("grid", [(3, 2, 1), (2, 1, 2)])
 @pytest.mark.parametrize("launch", ["plain", "with_cluster", "cluster_kernel"])
 def test_cluster_registers_are_a_cluster_of_one(grid, launch):
-    out = np.full((math.prod(grid), g.NIDS), g.POISON, np.uint32)
-    kernel = cuda.jit(g.k_ids)
+    out = np.full((math.prod(grid), K.NIDS), K.POISON, np.uint32)
+    kernel = cuda.jit(K.k_ids)
     if launch == "plain":
         kernel[grid, 4](out)
     elif launch == "with_cluster":
         with_cluster(kernel, ONE)[grid, 4](out)
     else:
         cluster_kernel(1)(kernel)[grid, 4](out)
-    want = g.expected_ids(grid, ONE)
+    want = K.expected_ids(grid, ONE)
     np.testing.assert_array_equal(out, want)
     # the mapping the GPU tests expect, for a cluster of one: clusterid == blockIdx, nclusterid == gridDim
     assert want[:, 0].max() == 0 and (want[:, 1] == 1).all()
@@ -51,13 +51,13 @@ def test_cluster_registers_are_a_cluster_of_one(grid, launch):
 
 def test_dsmem_to_rank_0_is_the_ctas_own_shared_memory():
     grid, nblocks = (3, 1, 1), 3
-    vals = RNG.standard_normal((nblocks, g.THREADS)).astype(np.float32)
-    pushed = np.full((nblocks, g.THREADS), g.POISON, np.uint32)
+    vals = RNG.standard_normal((nblocks, K.THREADS)).astype(np.float32)
+    pushed = np.full((nblocks, K.THREADS), K.POISON, np.uint32)
     pulled = pushed.copy()
-    pushed_f = np.full((nblocks, g.THREADS), np.nan, np.float32)
+    pushed_f = np.full((nblocks, K.THREADS), np.nan, np.float32)
     pulled_f = pushed_f.copy()
-    with_cluster(cuda.jit(g.k_dsmem), ONE)[grid, g.THREADS](vals, pushed, pulled, pushed_f, pulled_f)
-    want = (np.arange(nblocks)[:, None] * 1000 + np.arange(g.THREADS)).astype(np.uint32)
+    with_cluster(cuda.jit(K.k_dsmem), ONE)[grid, K.THREADS](vals, pushed, pulled, pushed_f, pulled_f)
+    want = (np.arange(nblocks)[:, None] * 1000 + np.arange(K.THREADS)).astype(np.uint32)
     np.testing.assert_array_equal(pushed, want)
     np.testing.assert_array_equal(pulled, want)
     np.testing.assert_array_equal(pushed_f, vals)
@@ -67,16 +67,16 @@ def test_dsmem_to_rank_0_is_the_ctas_own_shared_memory():
 def test_remote_arrive_on_the_ctas_own_barrier():
     grid, nblocks = (2, 1, 1), 2
     payload = RNG.integers(0, 2**32, nblocks, dtype=np.uint32)
-    got = np.full((nblocks, g.SLOTS), g.POISON, np.uint32)
-    with_cluster(cuda.jit(g.k_remote_arrive), ONE)[grid, 8](1, payload, got)
+    got = np.full((nblocks, K.SLOTS), K.POISON, np.uint32)
+    with_cluster(cuda.jit(K.k_remote_arrive), ONE)[grid, 8](1, payload, got)
     np.testing.assert_array_equal(got[:, 0], payload)
-    assert (got[:, 1:] == g.POISON).all()
+    assert (got[:, 1:] == K.POISON).all()
 
 
 def test_big_dynamic_shared_memory():
-    pushed = np.full((2, g.DYN_PROBE), g.POISON, np.uint32)
-    with_cluster(cuda.jit(g.k_big_dynamic), ONE)[2, 32, 0, g.DYN_WORDS * 4](pushed)
-    want = (np.arange(2)[:, None] * 1000 + np.arange(g.DYN_PROBE)).astype(np.uint32)
+    pushed = np.full((2, K.DYN_PROBE), K.POISON, np.uint32)
+    with_cluster(cuda.jit(K.k_big_dynamic), ONE)[2, 32, 0, K.DYN_WORDS * 4](pushed)
+    want = (np.arange(2)[:, None] * 1000 + np.arange(K.DYN_PROBE)).astype(np.uint32)
     np.testing.assert_array_equal(pushed, want)
 
 
@@ -106,16 +106,16 @@ def test_split_cluster_barrier_is_a_block_barrier(relaxed):
 
 # -- refused -----------------------------------------------------------------------------------------------------
 def test_clusters_of_more_than_one_cta_are_not_simulated():
-    kernel = cuda.jit(g.k_ids)
+    kernel = cuda.jit(K.k_ids)
     with pytest.raises(NotImplementedError, match=r"clusters of \(2, 1, 1\) CTAs cannot run in Numba's CUDA "
                                                   r"simulator.*one after another"):
-        with_cluster(kernel, (2, 1, 1))[(4, 1, 1), 4](np.zeros((4, g.NIDS), np.uint32))
+        with_cluster(kernel, (2, 1, 1))[(4, 1, 1), 4](np.zeros((4, K.NIDS), np.uint32))
     with pytest.raises(NotImplementedError, match="one after another"):
-        cluster_kernel((1, 2))(kernel)[(2, 2), 4](np.zeros((4, g.NIDS), np.uint32))
+        cluster_kernel((1, 2))(kernel)[(2, 2), 4](np.zeros((4, K.NIDS), np.uint32))
 
 
 def test_argument_errors_as_on_the_gpu():
-    kernel = cuda.jit(g.k_ids)
+    kernel = cuda.jit(K.k_ids)
     with pytest.raises(ValueError, match=r"grid \(3, 1, 1\)"):
         with_cluster(kernel, 2)[3, 4]
     with pytest.raises(ValueError, match="portable maximum is 8"):

@@ -3,7 +3,10 @@
 A multicast whose mask names only rank 0 (``cluster_mask_all()`` of a one-CTA cluster) is a TMA load (the
 tile matches NumPy; reading it before the barrier wait is diagnosed); a mask naming another CTA raises
 NotImplementedError; st_async / red_async, undefined on the GPU in a one-CTA cluster, raise SimulatedMisuse
-naming the rule (after checking their operands like the typer does)."""
+naming the rule (after checking their operands like the typer does).
+
+The GPU tests' kernels (tests/cluster_copy_kernels.py) run here in clusters of one CTA, with the result the
+hardware gives for that shape; the kernels defined here exist to reach the cases the simulator diagnoses."""
 import numpy as np
 import pytest
 from numba import cuda
@@ -30,7 +33,10 @@ from numbatma.intrinsics.cluster_copy import (
     tma_load_multicast,
 )
 
+import cluster_copy_kernels as K
+
 RNG = np.random.default_rng()
+ONE = (1, 1, 1)
 R, C = 8, 16
 ALL, ROW, COLUMN, RANK0 = -1, -2, -3, -4  # multicast_copy's mask_kind: a helper, or else the mask itself
 
@@ -209,3 +215,62 @@ def test_clusters_of_more_than_one_cta_do_not_run():
     with pytest.raises(NotImplementedError, match=r"cannot run in Numba's CUDA simulator"):
         with_cluster(multicast_copy, (2, 1, 1))[2, R](
             numbatma.TensorMap(np.ones((2 * R, C), np.float32), (R, C)), np.zeros((2 * R, C), np.float32), ALL, True)
+
+
+# -- the GPU tests' kernels in clusters of one CTA --------------------------------------------------------------
+@pytest.mark.parametrize("mask_bits", [0, 1])  # (0: cluster_mask_all())
+@pytest.mark.parametrize("clusters", [1, 3])
+def test_gpu_multicast_leader_in_clusters_of_one(clusters, mask_bits):
+    src = RNG.standard_normal((clusters * K.R, K.C)).astype(np.float32)
+    out = cuda.to_device(np.full((clusters, K.R, K.C), np.nan, np.float32))
+    desc = numbatma.TensorMap(cuda.to_device(src), (K.R, K.C))
+    K.launch(cuda.jit(K.multicast_leader), ONE, clusters, K.THREADS, desc, out, 0, mask_bits)
+    np.testing.assert_array_equal(out.copy_to_host(), src.reshape(clusters, K.R, K.C))
+
+
+def test_gpu_multicast_slices_in_clusters_of_one():
+    clusters = 3
+    src = RNG.standard_normal((clusters * K.R, K.C)).astype(np.float32)
+    out = cuda.to_device(np.full((clusters, K.R, K.C), np.nan, np.float32))
+    desc = numbatma.TensorMap(cuda.to_device(src), (K.R, K.C))  # (the one slice is the whole tile)
+    K.launch(cuda.jit(K.make_multicast_slices(1)), ONE, clusters, K.THREADS, desc, out)
+    np.testing.assert_array_equal(out.copy_to_host(), src.reshape(clusters, K.R, K.C))
+
+
+def test_gpu_mask_geometry_in_clusters_of_one():
+    grid = (2, 3, 2)
+    out = cuda.to_device(np.full((int(np.prod(grid)), 7), 0xDEADBEEF, np.uint32))
+    K.launch(cuda.jit(K.mask_geometry), ONE, grid, 32, out)
+    want = K.expected_mask_geometry(grid, ONE)
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+    assert (want[:, 2:6] == 1).all() and (want[:, 6] == 1 + 16 + 256).all()
+
+
+def test_gpu_all_to_all_in_clusters_of_one_sends_nothing():
+    """A CTA alone in its cluster has no other CTA to store into: every slot keeps its -1."""
+    nblocks = 2
+    src = K.random_values(RNG, nblocks, np.int32)
+    out = cuda.to_device(np.full((nblocks, K.SLOTS), 12345, np.int32))
+    K.launch(cuda.jit(K.all_to_all), ONE, nblocks, 32, cuda.to_device(src), out)
+    np.testing.assert_array_equal(out.copy_to_host(), -1)
+
+
+@pytest.mark.parametrize("op,dtype", [("add", "uint64"), ("min", "int32"), ("inc", "uint32")])
+def test_gpu_red_in_clusters_of_one_leaves_the_counters(op, dtype):
+    """No other CTA to reduce into: the counters keep their initial values (the barrier expects 0 bytes)."""
+    nblocks = 2
+    init = K.random_values(RNG, (nblocks, K.COUNTERS), dtype)
+    vals = K.random_values(RNG, (nblocks, K.RED_THREADS), dtype)
+    out = cuda.to_device(K.poison((nblocks, K.COUNTERS), dtype))
+    K.launch(cuda.jit(K.make_red(op, dtype)), ONE, nblocks, K.RED_THREADS, cuda.to_device(init), cuda.to_device(vals),
+             out)
+    np.testing.assert_array_equal(out.copy_to_host(), init)
+
+
+@pytest.mark.parametrize("dtype,vec", [("int32", 1), ("uint32", 2), ("float32", 4), ("float64", 2)])
+def test_gpu_st_async_ring_in_a_cluster_of_one_is_misuse(dtype, vec):
+    """The right neighbour of the only CTA is itself: st.async to the own CTA is undefined (one thread: see the
+    error cases above)."""
+    src = K.random_values(RNG, K.STAS_THREADS * vec, dtype)
+    with pytest.raises(SimulatedMisuse, match=r"st\.async needs a cluster of more than one CTA"):
+        with_cluster(cuda.jit(K.make_stas_ring(dtype, vec)), ONE)[1, 1](src, K.poison(src.size, dtype))

@@ -1,6 +1,6 @@
 """Under NUMBA_ENABLE_CUDASIM=1: descriptors edited in kernels (copy to shared memory, tensormap.replace,
 publish to a TensorMapArray, in-place edits of a slot, prefetch) give the results NumPy predicts; the same
-kernel functions as the GPU tests (tests/test_gpu_descriptor.py)."""
+kernel functions and runners as the GPU tests (tests/descriptor_kernels.py)."""
 import numpy as np
 import pytest
 from numba import cuda
@@ -15,28 +15,30 @@ from numbatma.intrinsics import (
 )
 from numbatma.intrinsics._sim import SimulatedMisuse
 
-import test_gpu_descriptor as g
+import descriptor_kernels as K
+
+RNG = np.random.default_rng()
 
 
 def test_grouped_retarget_through_shared_copy_and_publish():
-    got, want = g.grouped_case(g.grouped_publish, publish=True)
+    got, want = K.grouped_case(RNG, K.grouped_publish, publish=True)
     np.testing.assert_array_equal(got, want)
 
 
 def test_grouped_retarget_in_place_in_global_memory():
-    got, want = g.grouped_case(g.grouped_in_place, publish=False)
+    got, want = K.grouped_case(RNG, K.grouped_in_place, publish=False)
     np.testing.assert_array_equal(got, want)
 
 
 def test_rebuild_every_field():
-    got, want = g.rebuild_case()
+    got, want = K.rebuild_case(RNG)
     assert np.isnan(want.astype(np.float32)).any() and not np.isnan(want.astype(np.float32)).all()
     np.testing.assert_array_equal(got[1].view(np.uint16), want.view(np.uint16))
     np.testing.assert_array_equal(got[0].view(np.uint16), want.view(np.uint16))
 
 
 def test_prefetch_then_load():
-    got, want = g.prefetch_case()
+    got, want = K.prefetch_case(RNG)
     np.testing.assert_array_equal(got, want)
 
 
