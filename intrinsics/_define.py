@@ -22,7 +22,7 @@ from numbatma.errors import TypingError
 if not SIMULATING:
     from numba.cuda import types
     from numba.cuda.core import errors
-    from numba.cuda.extending import _intrinsic
+    from numbatma._numba_internals import intrinsic as _intrinsic
 
     from numbatma._types import MBarrierRefType, SharedArray, TensorMapType
 else:  # pragma: no cover - exercised by the simulator tests

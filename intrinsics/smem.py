@@ -19,7 +19,7 @@ PTX = {}  # no instructions: address arithmetic only
 if not SIMULATING:
     from llvmlite import ir
     from numba.cuda import types
-    from numba.cuda.np.arrayobj import make_array, populate_array
+    from numbatma._numba_internals import make_array, populate_array
 
     from numbatma._types import SharedArray
 

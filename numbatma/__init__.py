@@ -4,8 +4,7 @@ Host side (this package): :class:`TensorMap` describes boxes of a CUDA array for
 Accelerator and is passed to ``@cuda.jit`` kernels by value. Device side: :mod:`numbatma.intrinsics`.
 Ready-made kernels: :mod:`numbatma.kernels`.
 """
-import os as _os
-
+from ._env import SIMULATING
 from .tensormap import (
     SUPPORTED_DTYPES,
     Interleave,
@@ -22,7 +21,6 @@ from .tensormap import (
 )
 
 __version__ = "0.1.0"
-SIMULATING = _os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 if SIMULATING:
     from . import _numba_internals

@@ -4,53 +4,69 @@ Tested with numba-cuda 0.30.4 (``TESTED_RANGE``); importing numbatma with a vers
 raises, and ``tests/test_numba_internals.py`` checks that each hooked attribute still exists with the
 expected shape, so an upstream change fails loudly instead of silently miscompiling.
 
-The hooks:
+The hooks, each installed by one function (:func:`install` runs 1-6 and 8-10 on the GPU path;
+``numbatma/__init__.py`` runs 7 under the simulator):
 
-1. ``numba.cuda.cudadrv.nvvm.set_cuda_kernel`` (called by ``kernel_fixup`` for every kernel, after the
-   return-value argument is dropped): kernel parameters whose LLVM type is a pointer to
-   ``struct.numbatma.CUtensorMap`` become ``byval align 128`` and get an
+1. :func:`install_grid_constant_params`. ``numba.cuda.cudadrv.nvvm.set_cuda_kernel`` (called by
+   ``kernel_fixup`` for every kernel, after the return-value argument is dropped): kernel parameters whose LLVM
+   type is a pointer to ``struct.numbatma.CUtensorMap`` become ``byval align 128`` and get an
    ``!nvvm.annotations !{kernel, !"grid_constant", !{i32 <1-based index>}}`` entry - the NVVM spelling of
    ``const __grid_constant__ CUtensorMap``.
-2. ``numba.cuda.dispatcher._Kernel._prepare_args``: a TensorMap argument is handed to ``cuda.core.launch``
-   as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its device address.
-3. ``numba.cuda.dispatcher._Kernel.launch``: a launch whose dynamic plus static shared memory exceeds 48 KiB
-   first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (once per larger size).
-4. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed as
-   :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
-5. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM parses the LLVM 7 IR
-   dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what llvmlite prints).
-7. (simulator only, :func:`install_simulator`; points listed by :func:`_simulator_hook_points`)
+2. :func:`install_descriptor_arguments`. ``numba.cuda.dispatcher._Kernel._prepare_args``: a TensorMap argument
+   is handed to ``cuda.core.launch`` as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its
+   device address.
+3. :func:`install_launch_checks`. ``numba.cuda.dispatcher._Kernel.launch``: a launch whose dynamic plus static
+   shared memory exceeds 48 KiB first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
+   (once per larger size); a kernel compiled for clusters (hook 8) checks its grid first.
+4. :func:`install_shared_array_type`. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed
+   as :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
+5. :func:`install_compile_ir`. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM
+   parses the LLVM 7 IR dialect, which wants plain ``byval``; newer targets want ``byval(<type>)`` (what
+   llvmlite prints). Modules holding a restricted instruction (a ``numbatma:`` marker) are first checked
+   against the target (``numbatma.intrinsics._asm.check_targets``).
+6. :func:`install_offline_target`. ``numba.cuda.dispatcher.get_current_device``: compiling a device function
+   (``cuda.jit(device=True)``, ``overload_method`` implementations) asks the *current device* for its compute
+   capability, which needs a driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers
+   with the compile target instead, so kernels built from device functions compile to PTX on machines without
+   a GPU.
+7. :func:`install_simulator` (simulator only; points listed by :func:`_simulator_hook_points`).
    ``numba.cuda.simulator.kernelapi.FakeCUDAShared.array`` refuses ``alignment=``, which every TMA kernel
    passes: the replacement accepts it and returns :class:`numbatma.intrinsics._sim.SharedArray` views (the
    simulator's race checks); ``numba.cuda.simulator.kernel.BlockThread.syncthreads`` is wrapped so block
-   barriers pass on what each thread knows complete; ``FakeCUDAModule`` gets the warp operations it lacks
-   (``syncwarp``, ``shfl_*_sync``) and the libdevice functions kernels use; ``FakeCUDADevice`` reports 2 SMs
-   and Hopper's shared-memory opt-in limit.
-6. ``numba.cuda.dispatcher.get_current_device``: compiling a device function (``cuda.jit(device=True)``,
-   ``overload_method`` implementations) asks the *current device* for its compute capability, which needs a
-   driver. Inside :func:`offline_target` (used by ``numbatma.compile``) it answers with the compile target
-   instead, so kernels built from device functions compile to PTX on machines without a GPU.
-8. Thread-block clusters (``numbatma/cluster.py``). ``numba.cuda.dispatcher.LaunchConfig`` (the
-   ``cuda.core.LaunchConfig`` that ``_Kernel.launch`` builds): inside :func:`cluster_launch` (what
-   ``numbatma.with_cluster`` uses) the launch gets ``cluster=(x, y, z)`` and its grid divided by the cluster
-   shape (cuda.core counts a clustered grid in clusters; numbatma's callers count blocks).
-   ``numba.cuda.cudadrv.nvvm.set_launch_bounds``: a ``launch_bounds`` carrying ``cluster_dims``
-   (:class:`numbatma.cluster.ClusterLaunchBounds`) also gets the kernel's NVVM ``cluster_dim_{x,y,z}``
-   annotations (PTX ``.explicitcluster`` / ``.reqnctapercluster``); ``_Kernel.launch`` (hook 3's wrapper)
-   checks that the grid is a multiple of such a kernel's cluster shape.
-9. Typing errors at the user's line (``numbatma/errors.py``): the ``__call__`` of every constraint class of
-   ``numba.cuda.core.typeinfer`` (``CallConstraint``, ``IntrinsicCallConstraint``, ``SetItemConstraint``, ...;
-   listed by :func:`_constraint_classes`; each instance has the statement's ``loc``) is wrapped: a constraint
-   that fails after a numbatma typer raised :class:`numbatma.errors.TypingError` raises that error instead of
-   Numba's "No implementation of function ..." summary, located at the statement. It relies on
-   ``ConstraintNetwork.propagate`` calling ``constraint(typeinfer)`` for each constraint and on Numba's
-   ``TypingError`` (numba.core) passing through numba-cuda's ``except TypingError`` (numba.cuda.core's class)
-   unchanged; were numba-cuda to catch it, the message would still start with numbatma's line.
-10. GPU debug mode (``numbatma/debug.py``, installed only when ``NUMBATMA_DEBUG`` is on):
-   ``numba.cuda.lowering.Lower.lower_inst`` is wrapped to keep, per thread, the statement being lowered, so an
-   intrinsic's codegen can name its kernel file:line and the kernel variables of its operands
+   barriers pass on what each thread knows complete, and ``BlockThread.run`` so the engine sees each thread
+   start and end; ``BlockManager.run`` is replaced by one that sleeps between polls; ``FakeCUDAModule`` gets
+   the warp operations it lacks (``syncwarp``, ``shfl_*_sync``) and the libdevice functions kernels use;
+   ``FakeCUDADevice`` reports 2 SMs and Hopper's shared-memory opt-in limit.
+8. :func:`install_clusters`. Thread-block clusters (``numbatma/cluster.py``).
+   ``numba.cuda.dispatcher.LaunchConfig`` (the ``cuda.core.LaunchConfig`` that ``_Kernel.launch`` builds):
+   inside :func:`cluster_launch` (what ``numbatma.with_cluster`` uses) the launch gets ``cluster=(x, y, z)`` and
+   its grid divided by the cluster shape (cuda.core counts a clustered grid in clusters; numbatma's callers
+   count blocks). ``numba.cuda.cudadrv.nvvm.set_launch_bounds``: a ``launch_bounds`` carrying
+   ``cluster_dims`` (:class:`numbatma.cluster.ClusterLaunchBounds`) also gets the kernel's NVVM
+   ``cluster_dim_{x,y,z}`` annotations (PTX ``.explicitcluster`` / ``.reqnctapercluster``); ``_Kernel.launch``
+   (hook 3's wrapper) checks that the grid is a multiple of such a kernel's cluster shape.
+9. :func:`install_typing_errors`. Typing errors at the user's line (``numbatma/errors.py``): the ``__call__``
+   of every constraint class of ``numba.cuda.core.typeinfer`` (``CallConstraint``, ``IntrinsicCallConstraint``,
+   ``SetItemConstraint``, ...; listed by :func:`_constraint_classes`; each instance has the statement's
+   ``loc``) is wrapped: a constraint that fails after a numbatma typer raised
+   :class:`numbatma.errors.TypingError` raises that error instead of Numba's "No implementation of function
+   ..." summary, located at the statement. It relies on ``ConstraintNetwork.propagate`` calling
+   ``constraint(typeinfer)`` for each constraint and on Numba's ``TypingError`` (numba.core) passing through
+   numba-cuda's ``except TypingError`` (numba.cuda.core's class) unchanged; were numba-cuda to catch it, the
+   message would still start with numbatma's line.
+10. :func:`install_debug_mode`. GPU debug mode (``numbatma/debug.py``, installed only when ``NUMBATMA_DEBUG``
+   is on): ``numba.cuda.lowering.Lower.lower_inst`` is wrapped to keep, per thread, the statement being
+   lowered, so an intrinsic's codegen can name its kernel file:line and the kernel variables of its operands
    (:func:`lowering_site`); ``numba.cuda.dispatcher.CUDACache._index_key`` gets the debug settings appended,
    so the on-disk cache (``cache=True``) never hands a debug build to a normal process or the reverse.
+
+Accessors (no patching): the numba-cuda private names numbatma's other modules use, so that they import them
+from here only (points listed by :func:`_accessor_points`): :func:`intrinsic`
+(``numba.cuda.extending._intrinsic``), :func:`make_array` / :func:`populate_array`
+(``numba.cuda.np.arrayobj``), :func:`call_sreg` (``numba.cuda.nvvmutils.call_sreg``), :func:`declare_vprintf`,
+:func:`string_constant`, and the simulator's block of a thread: :func:`simulated_block` (a simulated
+thread's ``_manager``), :func:`simulated_block_dim` / :func:`simulated_grid_dim` (its ``_block_dim`` /
+``_grid_dim``), :func:`simulated_device_array` (``FakeCUDAArray``).
 """
 from __future__ import annotations
 
@@ -60,6 +76,8 @@ import threading
 import types as _pytypes
 
 from llvmlite import ir
+
+from ._shapes import check_grid
 
 TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
 _DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
@@ -88,21 +106,18 @@ def check_version():
         )
 
 
+def _patch(owner, attr, make):
+    """Replace ``owner.attr`` by ``make(original)``, once: the replacement keeps the original as
+    ``_numbatma_original``, and a second call finds it there and leaves it alone."""
+    current = getattr(owner, attr)
+    if getattr(current, "_numbatma_original", None) is not None:
+        return
+    replacement = make(current)
+    replacement._numbatma_original = current
+    setattr(owner, attr, replacement)
+
+
 # -- hook 1: by-value __grid_constant__ descriptor parameters -------------------------------------
-# libNVVM parses two IR dialects: for sm_90 and older targets the LLVM 7 one, which wants a plain
-# ``byval``; for sm_100 and newer the modern one, which wants ``byval(<type>)``. llvmlite prints the typed
-# form; the compile_ir hook (hook 5) strips the type for the old dialect.
-_TYPED_BYVAL = 'byval(%"struct.numbatma.CUtensorMap")'
-
-
-def _nvvm_ir_for_arch(ir_text, arch):
-    """Spell the descriptor ``byval`` the way libNVVM parses it for ``arch`` (e.g. ``compute_90a``)."""
-    digits = "".join(ch for ch in str(arch) if ch.isdigit())
-    if digits and int(digits) < 100 and isinstance(ir_text, str):
-        return ir_text.replace(_TYPED_BYVAL, "byval")
-    return ir_text
-
-
 def mark_grid_constant_params(function):
     """Make every descriptor parameter of ``function`` a by-value ``__grid_constant__`` parameter.
 
@@ -126,6 +141,20 @@ def mark_grid_constant_params(function):
             )
         )
         module.add_named_metadata("nvvm.annotations", md)
+
+
+def _grid_constant_set_cuda_kernel(original):
+    def set_cuda_kernel(function):
+        mark_grid_constant_params(function)
+        return original(function)
+
+    return set_cuda_kernel
+
+
+def install_grid_constant_params():
+    from numba.cuda.cudadrv import nvvm
+
+    _patch(nvvm, "set_cuda_kernel", _grid_constant_set_cuda_kernel)
 
 
 # -- hook 2: descriptor arguments at launch ----------------------------------------------------------
@@ -165,7 +194,7 @@ def current_device_id():
 def _check_device(val, ty):
     current = current_device_id()
     if val._device_id != current:
-        from .tensormap import TensorMapError
+        from ._descriptor_base import TensorMapError
 
         kind = type(val).__name__
         raise TensorMapError(
@@ -177,7 +206,7 @@ def _check_device(val, ty):
 
 def _wrong_argument(ty, val):
     """A launch argument that is not what the compiled kernel's parameter (``ty``) takes."""
-    from .tensormap import TensorMapError
+    from ._descriptor_base import TensorMapError
 
     want = "numbatma.TensorMapArray" if type(ty) is _TensorMapArrayType else "numbatma.TensorMap"
     shape = getattr(val, "shape", None)
@@ -188,7 +217,23 @@ def _wrong_argument(ty, val):
     )
 
 
-# -- hook 3: > 48 KiB dynamic shared memory ---------------------------------------------------------
+def _descriptor_prepare_args(original):
+    def _prepare_args(self, ty, val, stream, retr, kernelargs):
+        if _prepare_numbatma_arg(ty, val, kernelargs):
+            return
+        return original(self, ty, val, stream, retr, kernelargs)
+
+    return _prepare_args
+
+
+def install_descriptor_arguments():
+    from numba.cuda import dispatcher
+
+    _patch(dispatcher._Kernel, "_prepare_args", _descriptor_prepare_args)
+
+
+
+# -- hook 3: > 48 KiB dynamic shared memory (and the launch's cluster-grid check) ------------------------
 def _ensure_dynamic_smem(kernel, nbytes):
     """Raise the kernel's dynamic shared memory limit to ``nbytes`` (numba-cuda loads kernels through
     cuLibrary, so the handle is a CUkernel: ``cuKernelSetAttribute``)."""
@@ -270,8 +315,6 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem):
     _ensure_dynamic_smem(kernel, shared_mem)
     dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
     if dims is not None:
-        from .cluster import check_grid
-
         check_grid(grid, dims)
     kernelargs, writeback = [], []
     for ty, value in zip(kernel.argument_types, args):
@@ -288,6 +331,98 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem):
 
     run.keep_alive = (args, kernelargs)  # the converted arguments point into these objects
     return run
+
+
+def _checked_launch(original):
+    from numba.cuda import config
+
+    def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
+        _check_compiled_cluster_grid(self, griddim)
+        if sharedmem and not config.ENABLE_CUDASIM:
+            _ensure_dynamic_smem(self, sharedmem)
+        return original(self, args, griddim, blockdim, stream, sharedmem)
+
+    return launch
+
+
+def install_launch_checks():
+    from numba.cuda import dispatcher
+
+    _patch(dispatcher._Kernel, "launch", _checked_launch)
+
+
+
+# -- hook 4: cuda.shared.array typed as a shared array ------------------------------------------------
+def _shared_array_generic(original):
+    def generic(self):
+        from numba.cuda import types
+
+        from ._types import SharedArray
+
+        typer = original(self)
+
+        def shared_typer(shape, dtype, alignment=None):
+            res = typer(shape, dtype, alignment)
+            if isinstance(res, types.Array) and not isinstance(res, SharedArray):
+                if isinstance(shape, types.IntegerLiteral):
+                    static = (shape.literal_value,)
+                else:
+                    static = tuple(s.literal_value for s in shape)
+                if any(s <= 0 for s in static):  # dynamic shared memory: size known only at launch
+                    static = None
+                declared = getattr(alignment, "literal_value", None)
+                return SharedArray(res.dtype, res.ndim, res.layout, shape=static,
+                                   alignment=declared if isinstance(declared, int) else None)
+            return res
+
+        return shared_typer
+
+    return generic
+
+
+def install_shared_array_type():
+    from numba.cuda import cudadecl
+
+    _patch(cudadecl.Cuda_shared_array, "generic", _shared_array_generic)
+
+
+# -- hook 5: the NVVM IR dialect of the target (and restricted instructions) ------------------------------
+# libNVVM parses two IR dialects: for sm_90 and older targets the LLVM 7 one, which wants a plain
+# ``byval``; for sm_100 and newer the modern one, which wants ``byval(<type>)``. llvmlite prints the typed
+# form (hook 1's parameters); this hook strips the type for the old dialect.
+_TYPED_BYVAL = 'byval(%"struct.numbatma.CUtensorMap")'
+
+
+def _nvvm_ir_for_arch(ir_text, arch):
+    """Spell the descriptor ``byval`` the way libNVVM parses it for ``arch`` (e.g. ``compute_90a``)."""
+    digits = "".join(ch for ch in str(arch) if ch.isdigit())
+    if digits and int(digits) < 100 and isinstance(ir_text, str):
+        return ir_text.replace(_TYPED_BYVAL, "byval")
+    return ir_text
+
+
+def _compile_ir_for_arch(original):
+    def compile_ir(llvmir, **options):
+        arch = options.get("arch", "")
+        from numbatma.intrinsics import all_ptx
+        from numbatma.intrinsics._asm import check_targets
+
+        for module in (llvmir if isinstance(llvmir, (list, tuple)) else [llvmir]):
+            if isinstance(module, str) and "numbatma:" in module:  # (only restricted instructions carry a marker)
+                check_targets(module, arch, all_ptx())
+        if isinstance(llvmir, (list, tuple)):
+            llvmir = [_nvvm_ir_for_arch(m, arch) for m in llvmir]
+        else:
+            llvmir = _nvvm_ir_for_arch(llvmir, arch)
+        return original(llvmir, **options)
+
+    return compile_ir
+
+
+def install_compile_ir():
+    from numba.cuda.cudadrv import nvvm
+
+    _patch(nvvm, "compile_ir", _compile_ir_for_arch)
 
 
 # -- hook 6: device functions compile without a driver ------------------------------------------------
@@ -313,65 +448,11 @@ def _device_for_compile(original):
     return get_current_device
 
 
-# -- hook 8: thread-block clusters ---------------------------------------------------------------------
-_cluster = threading.local()
+def install_offline_target():
+    from numba.cuda import dispatcher
 
+    _patch(dispatcher, "get_current_device", _device_for_compile)
 
-@contextlib.contextmanager
-def cluster_launch(dims):
-    """Kernel launches made by this thread within the block run in clusters of shape ``dims`` (an
-    ``(x, y, z)`` tuple; None: no launch attribute)."""
-    previous = getattr(_cluster, "dims", None)
-    _cluster.dims = dims
-    try:
-        yield
-    finally:
-        _cluster.dims = previous
-
-
-def _clustered_launch_config(original):
-    """Wrap cuda.core's LaunchConfig as numba-cuda's launch calls it (keywords only): add the cluster shape of
-    the enclosing :func:`cluster_launch`, with the grid (in blocks) converted to clusters."""
-
-    def LaunchConfig(*args, **kwargs):
-        dims = getattr(_cluster, "dims", None)
-        if dims is not None and not args:
-            _cluster.dims = None  # one launch per cluster_launch block
-            grid = kwargs["grid"]
-            kwargs["grid"] = tuple(g // c for g, c in zip(grid, dims))
-            kwargs["cluster"] = tuple(dims)
-        return original(*args, **kwargs)
-
-    LaunchConfig._numbatma_original = original
-    return LaunchConfig
-
-
-def add_cluster_annotations(kernel, dims):
-    """NVVM ``cluster_dim_x/y/z`` annotations of ``kernel`` (an LLVM function): PTX ``.reqnctapercluster``."""
-    module = kernel.module
-    annotations = module.add_named_metadata("nvvm.annotations")  # (the existing node, if there is one)
-    for axis, d in zip("xyz", dims):
-        annotations.add(module.add_metadata(
-            (kernel, ir.MetaDataString(module, "cluster_dim_" + axis), ir.Constant(ir.IntType(32), int(d)))
-        ))
-
-
-def _launch_bounds_with_cluster(original):
-    def set_launch_bounds(kernel, launch_bounds):
-        original(kernel, launch_bounds)
-        dims = getattr(launch_bounds, "cluster_dims", None)
-        if dims is not None:
-            add_cluster_annotations(kernel, dims)
-
-    return set_launch_bounds
-
-
-def _check_compiled_cluster_grid(kernel, griddim):
-    dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
-    if dims is not None:
-        from .cluster import check_grid
-
-        check_grid(griddim, dims)
 
 
 # -- hook 7: the simulator (shared arrays, block barriers, warp operations, device limits) ---------------
@@ -580,6 +661,74 @@ def install_simulator():
     module_cls.shfl_up_sync = staticmethod(lambda mask, value, delta: _sim.shfl_up(mask, value, delta))
 
 
+# -- hook 8: thread-block clusters ---------------------------------------------------------------------
+_cluster = threading.local()
+
+
+@contextlib.contextmanager
+def cluster_launch(dims):
+    """Kernel launches made by this thread within the block run in clusters of shape ``dims`` (an
+    ``(x, y, z)`` tuple; None: no launch attribute)."""
+    previous = getattr(_cluster, "dims", None)
+    _cluster.dims = dims
+    try:
+        yield
+    finally:
+        _cluster.dims = previous
+
+
+def _clustered_launch_config(original):
+    """Wrap cuda.core's LaunchConfig as numba-cuda's launch calls it (keywords only): add the cluster shape of
+    the enclosing :func:`cluster_launch`, with the grid (in blocks) converted to clusters."""
+
+    def LaunchConfig(*args, **kwargs):
+        dims = getattr(_cluster, "dims", None)
+        if dims is not None and not args:
+            _cluster.dims = None  # one launch per cluster_launch block
+            grid = kwargs["grid"]
+            kwargs["grid"] = tuple(g // c for g, c in zip(grid, dims))
+            kwargs["cluster"] = tuple(dims)
+        return original(*args, **kwargs)
+
+    LaunchConfig._numbatma_original = original
+    return LaunchConfig
+
+
+def add_cluster_annotations(kernel, dims):
+    """NVVM ``cluster_dim_x/y/z`` annotations of ``kernel`` (an LLVM function): PTX ``.reqnctapercluster``."""
+    module = kernel.module
+    annotations = module.add_named_metadata("nvvm.annotations")  # (the existing node, if there is one)
+    for axis, d in zip("xyz", dims):
+        annotations.add(module.add_metadata(
+            (kernel, ir.MetaDataString(module, "cluster_dim_" + axis), ir.Constant(ir.IntType(32), int(d)))
+        ))
+
+
+def _launch_bounds_with_cluster(original):
+    def set_launch_bounds(kernel, launch_bounds):
+        original(kernel, launch_bounds)
+        dims = getattr(launch_bounds, "cluster_dims", None)
+        if dims is not None:
+            add_cluster_annotations(kernel, dims)
+
+    return set_launch_bounds
+
+
+def _check_compiled_cluster_grid(kernel, griddim):
+    dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
+    if dims is not None:
+        check_grid(griddim, dims)
+
+
+def install_clusters():
+    from numba.cuda import dispatcher
+    from numba.cuda.cudadrv import nvvm
+
+    _patch(dispatcher, "LaunchConfig", _clustered_launch_config)
+    _patch(nvvm, "set_launch_bounds", _launch_bounds_with_cluster)
+
+
+
 # -- hook 9: typing errors at the user's line -----------------------------------------------------------
 def _constraint_classes():
     """The classes of numba-cuda's type inference whose instances ``ConstraintNetwork.propagate`` calls, each
@@ -771,6 +920,45 @@ def lowering_site():
     )
 
 
+def install_debug_mode():
+    """Hook 10: the lowering sites and the cache key of debug builds. Idempotent."""
+    install_lowering_sites()
+    install_debug_cache_key()
+
+
+
+# -- accessors: numba-cuda private names the other modules use ----------------------------------------------
+def intrinsic(*args, **options):
+    """numba-cuda's ``@intrinsic`` decorator for the CUDA target (``numba.cuda.extending._intrinsic``):
+    ``intrinsic(typer)`` or ``intrinsic(target="cuda", prefer_literal=...)(typer)``."""
+    from numba.cuda.extending import _intrinsic
+
+    return _intrinsic(*args, **options)
+
+
+def make_array(array_type):
+    """The LLVM structure class of arrays of ``array_type`` (``numba.cuda.np.arrayobj.make_array``)."""
+    from numba.cuda.np import arrayobj
+
+    return arrayobj.make_array(array_type)
+
+
+def populate_array(array, data, shape, strides, itemsize, meminfo, parent=None):
+    """Fill an array structure made by :func:`make_array` (``numba.cuda.np.arrayobj.populate_array``)."""
+    from numba.cuda.np import arrayobj
+
+    return arrayobj.populate_array(array, data=data, shape=shape, strides=strides, itemsize=itemsize,
+                                   meminfo=meminfo, parent=parent)
+
+
+def call_sreg(builder, name):
+    """Read the special register ``name`` (``"tid.x"``, ``"ntid.y"``, ...) as an i32
+    (``numba.cuda.nvvmutils.call_sreg``)."""
+    from numba.cuda import nvvmutils
+
+    return nvvmutils.call_sreg(builder, name)
+
+
 def declare_vprintf(module):
     """``i32 vprintf(i8* format, i8* args)`` in ``module`` (the device printf that ``print`` lowers to)."""
     from numba.cuda import nvvmutils
@@ -781,6 +969,36 @@ def declare_vprintf(module):
 def string_constant(context, builder, text):
     """A generic ``i8*`` to a NUL-terminated constant string (deduplicated per module)."""
     return context.insert_string_const_addrspace(builder, text)
+
+
+def simulated_block(thread):
+    """The simulator's manager of the block ``thread`` (a simulated thread) belongs to: the same object for
+    every thread of one block, None for a thread that is not a simulated one (``BlockThread._manager``)."""
+    return getattr(thread, "_manager", None)
+
+
+def simulated_block_dim(manager):
+    """The block shape of a simulated block (:func:`simulated_block`): ``BlockManager._block_dim``."""
+    return manager._block_dim
+
+
+def simulated_grid_dim(manager):
+    """The grid shape of the launch a simulated block belongs to: ``BlockManager._grid_dim``."""
+    return manager._grid_dim
+
+
+def _accessor_points():
+    """The upstream objects the accessors read (tests check they exist with the expected signatures)."""
+    from numba.cuda import extending, nvvmutils
+    from numba.cuda.np import arrayobj
+
+    return {
+        "extending._intrinsic": (extending, "_intrinsic"),
+        "arrayobj.make_array": (arrayobj, "make_array"),
+        "arrayobj.populate_array": (arrayobj, "populate_array"),
+        "nvvmutils.call_sreg": (nvvmutils, "call_sreg"),
+        "nvvmutils.declare_vprint": (nvvmutils, "declare_vprint"),
+    }
 
 
 # -- installation -------------------------------------------------------------------------------------
@@ -802,6 +1020,7 @@ def _hook_points():
 
 
 def install():
+    """Install the GPU path's hooks (1-6 and 8-10; the simulator's is :func:`install_simulator`). Idempotent."""
     global _installed, _TensorMapType, _TensorMapArrayType
     if _installed:
         return
@@ -809,96 +1028,19 @@ def install():
     from ._types import TensorMapArrayType, TensorMapType
 
     _TensorMapType, _TensorMapArrayType = TensorMapType, TensorMapArrayType
-    from numba.cuda import config
-
-    points = _hook_points()
-    for label, (owner, attr) in points.items():
+    for label, (owner, attr) in _hook_points().items():
         if not callable(getattr(owner, attr, None)):
             raise ImportError(f"numbatma: numba-cuda no longer has {label}; this numba-cuda is not supported.")
-
-    nvvm_mod, _ = points["nvvm.set_cuda_kernel"]
-    original_set_cuda_kernel = nvvm_mod.set_cuda_kernel
-
-    def set_cuda_kernel(function):
-        mark_grid_constant_params(function)
-        return original_set_cuda_kernel(function)
-
-    nvvm_mod.set_cuda_kernel = set_cuda_kernel
-
-    original_compile_ir = nvvm_mod.compile_ir
-
-    def compile_ir(llvmir, **options):
-        arch = options.get("arch", "")
-        from numbatma.intrinsics import all_ptx
-        from numbatma.intrinsics._asm import check_targets
-
-        for module in (llvmir if isinstance(llvmir, (list, tuple)) else [llvmir]):
-            if isinstance(module, str) and "numbatma:" in module:  # (only restricted instructions carry a marker)
-                check_targets(module, arch, all_ptx())
-        if isinstance(llvmir, (list, tuple)):
-            llvmir = [_nvvm_ir_for_arch(m, arch) for m in llvmir]
-        else:
-            llvmir = _nvvm_ir_for_arch(llvmir, arch)
-        return original_compile_ir(llvmir, **options)
-
-    nvvm_mod.compile_ir = compile_ir
-
-    kernel_cls = points["_Kernel._prepare_args"][0]
-    original_prepare = kernel_cls._prepare_args
-
-    def _prepare_args(self, ty, val, stream, retr, kernelargs):
-        if _prepare_numbatma_arg(ty, val, kernelargs):
-            return
-        return original_prepare(self, ty, val, stream, retr, kernelargs)
-
-    kernel_cls._prepare_args = _prepare_args
-
-    original_launch = kernel_cls.launch
-
-    def launch(self, args, griddim, blockdim, stream=0, sharedmem=0):
-        _check_compiled_cluster_grid(self, griddim)
-        if sharedmem and not config.ENABLE_CUDASIM:
-            _ensure_dynamic_smem(self, sharedmem)
-        return original_launch(self, args, griddim, blockdim, stream, sharedmem)
-
-    kernel_cls.launch = launch
-
-    decl_cls = points["Cuda_shared_array.generic"][0]
-    original_generic = decl_cls.generic
-
-    def generic(self):
-        from ._types import SharedArray
-        from numba.cuda import types
-
-        typer = original_generic(self)
-
-        def shared_typer(shape, dtype, alignment=None):
-            res = typer(shape, dtype, alignment)
-            if isinstance(res, types.Array) and not isinstance(res, SharedArray):
-                if isinstance(shape, types.IntegerLiteral):
-                    static = (shape.literal_value,)
-                else:
-                    static = tuple(s.literal_value for s in shape)
-                if any(s <= 0 for s in static):  # dynamic shared memory: size known only at launch
-                    static = None
-                declared = getattr(alignment, "literal_value", None)
-                return SharedArray(res.dtype, res.ndim, res.layout, shape=static,
-                                   alignment=declared if isinstance(declared, int) else None)
-            return res
-
-        return shared_typer
-
-    decl_cls.generic = generic
-
-    disp_mod, _ = points["dispatcher.get_current_device"]
-    disp_mod.get_current_device = _device_for_compile(disp_mod.get_current_device)
-
-    disp_mod.LaunchConfig = _clustered_launch_config(disp_mod.LaunchConfig)
-    nvvm_mod.set_launch_bounds = _launch_bounds_with_cluster(nvvm_mod.set_launch_bounds)
-    install_typing_errors()
+    install_grid_constant_params()  # 1
+    install_descriptor_arguments()  # 2
+    install_launch_checks()  # 3
+    install_shared_array_type()  # 4
+    install_compile_ir()  # 5
+    install_offline_target()  # 6
+    install_clusters()  # 8
+    install_typing_errors()  # 9
     from . import debug
 
     if debug.ENABLED:
-        install_lowering_sites()
-        install_debug_cache_key()
+        install_debug_mode()  # 10
     _installed = True

@@ -1,9 +1,11 @@
-"""Pure shape arithmetic of TMA tiles, shared by the host descriptors (``tensormap``, ``im2col``) and their Numba
-types (``_types``, ``_im2col_type``). A leaf module: it imports nothing of numbatma, so the type modules need
-no import of ``tensormap`` (no import circle)."""
+"""Pure shape arithmetic: of TMA tiles, shared by the host descriptors (``tensormap``, ``im2col``) and their Numba
+types (``_types``, ``_im2col_type``); of cluster launch grids, shared by ``cluster`` and the launch hook of
+``_numba_internals``. A leaf module: it imports nothing of numbatma, so none of those modules needs to import
+another for arithmetic (no import circle)."""
 from __future__ import annotations
 
 import math
+import numbers
 
 
 def tile_footprint(box, element_strides, itemsize, swizzle):
@@ -24,3 +26,23 @@ def tile_alignment(desc):
     ``swizzle``): 128 bytes, or the swizzle repeat (8 spans: 256/512/1024 bytes for 32/64/128-byte swizzles)."""
     span = int(desc.swizzle)
     return 128 if not span else max(128, 8 * span)
+
+
+def grid_shape(grid):
+    """A launch grid (an int or a tuple of 1-3 ints, counted in blocks) as an ``(x, y, z)`` tuple."""
+    if isinstance(grid, numbers.Integral):
+        grid = (grid,)
+    grid = tuple(int(g) for g in grid)
+    return grid + (1,) * (3 - len(grid))
+
+
+def check_grid(grid, shape):
+    """Raise ValueError unless the grid (in blocks) is a whole number of clusters of ``shape`` on every axis."""
+    g = grid_shape(grid)
+    bad = [axis for axis, n, c in zip("xyz", g, shape) if n % c]
+    if bad:
+        raise ValueError(
+            f"the grid {g} (in blocks) is not a whole number of clusters of shape {shape}: along "
+            f"{', '.join(bad)} the grid is not a multiple of the cluster (pick a grid that is, e.g. "
+            f"{tuple(-(-n // c) * c for n, c in zip(g, shape))}, and let the extra blocks return early)"
+        )

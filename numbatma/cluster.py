@@ -16,13 +16,18 @@ be a multiple of the cluster shape on every axis. A cluster holds at most 8 CTAs
 
 Under the simulator (``NUMBA_ENABLE_CUDASIM=1``) only clusters of one CTA run: Numba's simulator runs the
 blocks of a grid one after another, so CTAs of one cluster could never run together.
+
+This module uses the seam ``numbatma._numba_internals`` (cluster launches, occupancy); the seam never imports
+this module: the grid check both need (``check_grid``) lives in the leaf ``numbatma._shapes``.
 """
 from __future__ import annotations
 
 import math
 import numbers
 
-from numbatma import SIMULATING
+from . import _numba_internals
+from ._env import SIMULATING
+from ._shapes import check_grid  # noqa: F401  (numbatma.cluster.check_grid; the launch hook checks with it too)
 
 MAX_CLUSTER_SIZE = 8  # the portable maximum (16 needs cudaFuncAttributeNonPortableClusterSizeAllowed)
 
@@ -47,25 +52,6 @@ def cluster_shape(dims):
             f"a cluster of shape {shape} holds {math.prod(shape)} CTAs; the portable maximum is {MAX_CLUSTER_SIZE}"
         )
     return shape
-
-
-def _grid_shape(grid):
-    if isinstance(grid, numbers.Integral):
-        grid = (grid,)
-    grid = tuple(int(g) for g in grid)
-    return grid + (1,) * (3 - len(grid))
-
-
-def check_grid(grid, shape):
-    """Raise ValueError unless the grid (in blocks) is a whole number of clusters of ``shape`` on every axis."""
-    g = _grid_shape(grid)
-    bad = [axis for axis, n, c in zip("xyz", g, shape) if n % c]
-    if bad:
-        raise ValueError(
-            f"the grid {g} (in blocks) is not a whole number of clusters of shape {shape}: along "
-            f"{', '.join(bad)} the grid is not a multiple of the cluster (pick a grid that is, e.g. "
-            f"{tuple(-(-n // c) * c for n, c in zip(g, shape))}, and let the extra blocks return early)"
-        )
 
 
 class ClusterLaunchBounds(tuple):
@@ -145,10 +131,8 @@ def max_active_clusters(kernel, args, block, shared_mem, dims):
     memory per CTA (``cuOccupancyMaxActiveClusters``). A persistent kernel launched in clusters should size its
     grid with this, not with the SM count: a cluster's CTAs must share one GPC, so SMs left over in a GPC stay
     idle, and clusters beyond this number wait for a second wave."""
-    from ._numba_internals import max_active_clusters as query
-
     _require_cluster_device()
-    return query(kernel, args, block, shared_mem, cluster_shape(dims))
+    return _numba_internals.max_active_clusters(kernel, args, block, shared_mem, cluster_shape(dims))
 
 
 def _require_cluster_device():
@@ -189,10 +173,8 @@ class with_cluster:
         dims = None if self._compiled else self.dims
 
         def launch(*args):
-            from numbatma._numba_internals import cluster_launch
-
             _require_cluster_device()
-            with cluster_launch(dims):
+            with _numba_internals.cluster_launch(dims):
                 return configured(*args)
 
         return launch

@@ -19,26 +19,21 @@ from __future__ import annotations
 import math
 import numbers
 
-from .tensormap import (
+from ._descriptor_base import (
+    MAX_ELEMENT_STRIDE,
     Interleave,
     L2Promotion,
     OOBFill,
     Swizzle,
-    TensorMap,
     TensorMapError,
-    _check,
-    _coerce_enum,
-    _CORE_L2,
-    _CORE_SWIZZLE,
-    _DRV_L2,
-    _DRV_SWIZZLE,
-    _LayoutArray,
-    _numba_dtype,
-    _shape_str,
-    _validate,
     array_layout,
-    tile_footprint,
+    int_tuple,
+    numba_dtype,
+    shape_str,
+    validate_layout,
+    validate_oob_fill,
 )
+from .tensormap import TensorMap
 
 __all__ = ["Im2colTensorMap"]
 
@@ -46,7 +41,6 @@ __all__ = ["Im2colTensorMap"]
 _CORNER_RANGE = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 _MAX_CHANNELS = 256
 _MAX_PIXELS = 1024
-_MAX_ELEMENT_STRIDE = 8
 _LAYOUT_NAMES = {3: "NWC", 4: "NHWC", 5: "NDHWC"}
 _SPATIAL_NAMES = {3: ("W",), 4: ("H", "W"), 5: ("D", "H", "W")}
 
@@ -54,21 +48,8 @@ _SPATIAL_NAMES = {3: ("W",), 4: ("H", "W"), 5: ("D", "H", "W")}
 def _ints(name, value, count, what):
     if value is None:
         return (0,) * count
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = (value,)
-    try:
-        value = tuple(value)
-    except TypeError:
-        raise TensorMapError(f"Im2colTensorMap: {name} must be a tuple of integers, got {value!r}.") from None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
-        raise TensorMapError(f"Im2colTensorMap: {name} must be a tuple of integers, got {value!r}.")
-    value = tuple(int(v) for v in value)
-    if len(value) != count:
-        raise TensorMapError(
-            f"Im2colTensorMap: {name} {_shape_str(value)} has {len(value)} entries but {what}; give one entry per "
-            f"{'spatial dimension' if 'spatial' in what else 'dimension'}, in the array's own index order."
-        )
-    return value
+    unit = "spatial dimension" if "spatial" in what else "dimension"
+    return int_tuple("Im2colTensorMap", name, value, count, what, unit)
 
 
 def _positive_int(name, value, hi):
@@ -102,6 +83,9 @@ class Im2colTensorMap(TensorMap):
     Passed to kernels by value like a :class:`TensorMap`. Load-only: im2col stores are not offered.
     """
 
+    _WHO = "Im2colTensorMap"
+    _MODE = "Im2col"  # cuTensorMapEncodeIm2col
+
     def __init__(
         self,
         array,
@@ -123,14 +107,8 @@ class Im2colTensorMap(TensorMap):
                 f"Im2colTensorMap: the {layout.name} has rank {rank}; im2col descriptors describe rank 3 to 5 "
                 f"channels-last arrays (NWC, NHWC or NDHWC), channels innermost."
             )
-        self.swizzle = _coerce_enum(Swizzle, swizzle, "swizzle")
-        self.oob_fill = _coerce_enum(OOBFill, oob_fill, "oob_fill")
-        self.l2_promotion = _coerce_enum(L2Promotion, l2_promotion, "l2_promotion")
-        self.interleave = Interleave.NONE
-        self.tf32 = bool(tf32)
-        self.shape = layout.shape
-        self.strides = layout.strides
-        self.dtype = layout.dtype
+        self._take_options(swizzle, oob_fill, l2_promotion, Interleave.NONE, tf32)
+        self._attach(layout, array)
         itemsize = layout.dtype.itemsize
         spatial = _SPATIAL_NAMES[rank]
         nsp = rank - 2
@@ -147,7 +125,7 @@ class Im2colTensorMap(TensorMap):
             for axis, v in zip(spatial, corner):
                 if not lo_lim <= v <= hi_lim:
                     raise TensorMapError(
-                        f"Im2colTensorMap: {which} {_shape_str(corner)} has {v} along {axis}; for a rank-{rank} "
+                        f"Im2colTensorMap: {which} {shape_str(corner)} has {v} along {axis}; for a rank-{rank} "
                         f"({kind}) array each corner offset must be in {lo_lim}..{hi_lim} (the driver's range)."
                     )
         for i, axis in enumerate(spatial):
@@ -185,30 +163,19 @@ class Im2colTensorMap(TensorMap):
             if name in ("N", "C"):
                 if e != 1:
                     raise TensorMapError(
-                        f"Im2colTensorMap: element_strides {_shape_str(self.element_strides)} asks for a step of {e} "
+                        f"Im2colTensorMap: element_strides {shape_str(self.element_strides)} asks for a step of {e} "
                         f"along {name} (dimension {axis}); in im2col mode only the spatial dimensions "
                         f"({', '.join(spatial)}) take a traversal stride, so the {name} entry must be 1."
                     )
-            elif not 1 <= e <= _MAX_ELEMENT_STRIDE:
+            elif not 1 <= e <= MAX_ELEMENT_STRIDE:
                 raise TensorMapError(
-                    f"Im2colTensorMap: element_strides {_shape_str(self.element_strides)} has {e} along {name} "
-                    f"(dimension {axis}); element strides must be in 1..{_MAX_ELEMENT_STRIDE}."
+                    f"Im2colTensorMap: element_strides {shape_str(self.element_strides)} has {e} along {name} "
+                    f"(dimension {axis}); element strides must be in 1..{MAX_ELEMENT_STRIDE}."
                 )
-        # The layout rules shared with tiled maps (dtype, alignment, extents, byte strides, oob_fill vs dtype).
-        # The pseudo box is one pixel of channels_per_pixel channels: already checked above.
-        pseudo_box = (1,) * (rank - 1) + (self.channels_per_pixel,)
-        try:
-            self.tma_dtype = _validate(layout, pseudo_box, (1,) * rank, self.swizzle, self.oob_fill,
-                                       Interleave.NONE, self.tf32)
-        except TensorMapError as e:
-            raise TensorMapError(str(e).replace("TensorMap:", "Im2colTensorMap:", 1)) from None
+        # The layout rules every mode shares (dtype, alignment, extents, byte strides, oob_fill vs dtype).
+        self.tma_dtype = validate_layout(self._WHO, layout, interleave=Interleave.NONE, tf32=self.tf32)
+        validate_oob_fill(self._WHO, layout, self.oob_fill, self.tma_dtype)
         self.box = (self.pixels_per_column, self.channels_per_pixel)  # the shared tile of one load
-        self._layout = layout
-        self._array = array
-        self._numba_type = None
-        self._descriptor = None
-        self._device_id = None  # the device of the array, known once encoded (checked at launch)
-        self._raw = None
 
     # -- facts -------------------------------------------------------------------------------------
     @property
@@ -234,115 +201,42 @@ class Im2colTensorMap(TensorMap):
             from ._im2col_type import Im2colTensorMapType
 
             self._numba_type = Im2colTensorMapType(
-                _numba_dtype(self.dtype), self.tma_dtype, self.rank, self.channels_per_pixel,
+                numba_dtype(self.dtype), self.tma_dtype, self.rank, self.channels_per_pixel,
                 self.pixels_per_column, int(self.swizzle),
             )
         return self._numba_type
 
     @property
-    def shared_shape(self):
-        """Shape of the shared tile one load fills: ``(pixels_per_column, channels_per_pixel)``, rows padded to
-        the swizzle span when narrower (see :func:`numbatma.tensormap.tile_footprint`)."""
-        return tile_footprint(self.box, (1, 1), self.dtype.itemsize, int(self.swizzle))[0]
-
-    @property
-    def box_bytes(self):
-        """Bytes one load delivers (its mbarrier transaction count): pixels x channels x itemsize."""
-        return tile_footprint(self.box, (1, 1), self.dtype.itemsize, int(self.swizzle))[1]
+    def _tile_steps(self):
+        return (1, 1)  # (the element strides step through the bounding box, not the tile)
 
     def __repr__(self):
         return (
-            f"Im2colTensorMap({self.dtype.name}{_shape_str(self.shape)}, pixels_per_column={self.pixels_per_column}, "
-            f"channels_per_pixel={self.channels_per_pixel}, lower={_shape_str(self.pixel_box_lower_corner)}, "
-            f"upper={_shape_str(self.pixel_box_upper_corner)}, swizzle={self.swizzle.name}, "
+            f"Im2colTensorMap({self.dtype.name}{shape_str(self.shape)}, pixels_per_column={self.pixels_per_column}, "
+            f"channels_per_pixel={self.channels_per_pixel}, lower={shape_str(self.pixel_box_lower_corner)}, "
+            f"upper={shape_str(self.pixel_box_upper_corner)}, swizzle={self.swizzle.name}, "
             f"oob_fill={self.oob_fill.name})"
         )
 
-    # -- encoding ----------------------------------------------------------------------------------
-    def _driver_args(self):
-        """Arguments of cuTensorMapEncodeIm2col, innermost dimension first (corners: W first)."""
-        rev = lambda t: tuple(reversed(t))  # noqa: E731
+    # -- encoding (the path itself: TMADescriptor.descriptor / to_bytes) ----------------------------
+    def _mode_args(self):
+        """cuTensorMapEncodeIm2col's corners (W first), channels and pixels."""
         return dict(
-            rank=self.rank,
-            address=self._layout.ptr,
-            dims=rev(self.shape),
-            strides=rev(self.strides)[1:],
-            lower=rev(self.pixel_box_lower_corner),
-            upper=rev(self.pixel_box_upper_corner),
+            lower=tuple(reversed(self.pixel_box_lower_corner)),
+            upper=tuple(reversed(self.pixel_box_upper_corner)),
             channels=self.channels_per_pixel,
             pixels=self.pixels_per_column,
-            element_strides=rev(self.element_strides),
         )
 
-    @property
-    def descriptor(self):
-        """The ``cuda.core.TensorMapDescriptor`` passed by value at launch (encoded on first use through
-        cuda.core, which calls ``cuTensorMapEncodeIm2col``; the launcher accepts only that type by value)."""
-        if self._descriptor is None:
-            from cuda.core._tensor_map import (
-                TensorMapDataType,
-                TensorMapDescriptor,
-                TensorMapInterleave,
-                TensorMapL2Promotion,
-                TensorMapOOBFill,
-                TensorMapSwizzle,
-            )
-            from cuda.core.utils import StridedMemoryView
+    def _encode_mode_args(self, driver, args):
+        return list(args["lower"]), list(args["upper"]), args["channels"], args["pixels"]
 
-            source = _LayoutArray(self._layout) if 1 in self.shape else self._array
-            view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
-            self._device_id = getattr(view, "device_id", None)  # (checked at launch)
-            # cuda.core takes row-major order and reverses (corners included), like numbatma.
-            self._descriptor = TensorMapDescriptor._from_im2col(
-                view,
-                self.pixel_box_lower_corner,
-                self.pixel_box_upper_corner,
-                self.channels_per_pixel,
-                self.pixels_per_column,
-                element_strides=self.element_strides,
-                data_type=getattr(TensorMapDataType, self.tma_dtype),
-                interleave=TensorMapInterleave.NONE,
-                swizzle=_CORE_SWIZZLE[self.swizzle](TensorMapSwizzle),
-                l2_promotion=_CORE_L2[self.l2_promotion](TensorMapL2Promotion),
-                oob_fill=(
-                    TensorMapOOBFill.NAN_REQUEST_ZERO_FMA if self.oob_fill == OOBFill.NAN else TensorMapOOBFill.NONE
-                ),
-            )
-        return self._descriptor
+    def _core_descriptor(self, view, **options):
+        from cuda.core._tensor_map import TensorMapDescriptor
 
-    def to_bytes(self) -> bytes:
-        """The 128-byte ``CUtensorMap`` from ``cuTensorMapEncodeIm2col`` (e.g. for a TensorMapArray). Needs the
-        CUDA driver."""
-        if self._raw is None:
-            from cuda.bindings import driver
-
-            a = self._driver_args()
-            u64 = driver.cuuint64_t
-            u32 = driver.cuuint32_t
-            err, tmap = driver.cuTensorMapEncodeIm2col(
-                getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + self.tma_dtype),
-                a["rank"],
-                a["address"],
-                [u64(d) for d in a["dims"]],
-                [u64(s) for s in a["strides"]],
-                list(a["lower"]),
-                list(a["upper"]),
-                a["channels"],
-                a["pixels"],
-                [u32(e) for e in a["element_strides"]],
-                driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-                getattr(driver.CUtensorMapSwizzle, _DRV_SWIZZLE[self.swizzle]),
-                getattr(driver.CUtensorMapL2promotion, _DRV_L2[self.l2_promotion]),
-                getattr(
-                    driver.CUtensorMapFloatOOBfill,
-                    "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA"
-                    if self.oob_fill == OOBFill.NAN
-                    else "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
-                ),
-            )
-            _check(err, "cuTensorMapEncodeIm2col")
-            self._raw = tmap
-        return b"".join(int(w).to_bytes(8, "little") for w in self._raw.opaque)
+        # cuda.core takes row-major order and reverses (corners included), like numbatma.
+        return TensorMapDescriptor._from_im2col(view, self.pixel_box_lower_corner, self.pixel_box_upper_corner,
+                                                self.channels_per_pixel, self.pixels_per_column, **options)
 
 
 def gather(x, coords, offsets, *, lower, upper, channels, pixels, element_strides=None, nan_fill=False):

@@ -7,7 +7,7 @@ longer than a small GEMM runs. A plan that launches the same kernel with the sam
 """
 from __future__ import annotations
 
-from . import SIMULATING
+from ._env import SIMULATING
 
 __all__ = ["prepare_launch"]
 

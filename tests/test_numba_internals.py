@@ -185,3 +185,116 @@ def test_typing_error_hook_points():
 
     assert "raise_error" in inspect.getsource(functions.BaseFunction.get_call_type)
     assert "prefer_literal" in inspect.getsource(functions.BaseFunction.get_call_type)
+
+
+def test_hooks_are_numbered_in_order_with_one_install_function_each():
+    """The module docstring lists hooks 1..10 in order, each naming its install function, and the file's
+    ``# -- hook N`` sections follow the same order."""
+    doc = internals.__doc__
+    listed = [int(n) for n in re.findall(r"^(\d+)\. ", doc, flags=re.M)]
+    assert listed == list(range(1, 11))
+    for n, name in re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M):
+        assert callable(getattr(internals, name, None)), (n, name)
+    assert len(re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M)) == 10
+    sections = [int(n) for n in re.findall(r"^# -- hook (\d+):", inspect.getsource(internals), flags=re.M)]
+    assert sections == list(range(1, 11))
+
+
+def test_install_functions_are_idempotent():
+    """Each hook's install function wraps its upstream object once (a second call leaves it as it is)."""
+    from numba.cuda import cudadecl, dispatcher
+    from numba.cuda.cudadrv import nvvm
+
+    before = [nvvm.set_cuda_kernel, nvvm.compile_ir, nvvm.set_launch_bounds, dispatcher._Kernel._prepare_args,
+              dispatcher._Kernel.launch, dispatcher.get_current_device, dispatcher.LaunchConfig,
+              cudadecl.Cuda_shared_array.generic]
+    for install in (internals.install_grid_constant_params, internals.install_descriptor_arguments,
+                    internals.install_launch_checks, internals.install_shared_array_type,
+                    internals.install_compile_ir, internals.install_offline_target, internals.install_clusters,
+                    internals.install_typing_errors, internals.install):
+        install()
+    after = [nvvm.set_cuda_kernel, nvvm.compile_ir, nvvm.set_launch_bounds, dispatcher._Kernel._prepare_args,
+             dispatcher._Kernel.launch, dispatcher.get_current_device, dispatcher.LaunchConfig,
+             cudadecl.Cuda_shared_array.generic]
+    assert after == before
+    for wrapper in after:
+        assert wrapper.__module__ == internals.__name__
+        assert wrapper._numbatma_original.__module__ != internals.__name__  # (upstream's, wrapped once)
+
+
+def test_accessor_points_exist_with_expected_signatures():
+    """The accessors through which the other modules reach numba-cuda private names (intrinsic, make_array,
+    populate_array, call_sreg, declare_vprintf): the upstream names exist and take the arguments the
+    accessors pass."""
+    from numba.cuda import extending, nvvmutils
+    from numba.cuda.np import arrayobj
+
+    points = internals._accessor_points()
+    assert set(points) == {"extending._intrinsic", "arrayobj.make_array", "arrayobj.populate_array",
+                           "nvvmutils.call_sreg", "nvvmutils.declare_vprint"}
+    for label, (owner, attr) in points.items():
+        assert callable(getattr(owner, attr, None)), label
+
+    def params(f):
+        return list(inspect.signature(f).parameters)
+
+    # _intrinsic(typer) or _intrinsic(**options)(typer) builds an _Intrinsic(name, typer, prefer_literal, target=...)
+    assert params(extending._intrinsic) == ["args", "kwargs"]
+    assert "_Intrinsic(name, func, **kwargs)" in inspect.getsource(extending._intrinsic)
+    assert params(extending._Intrinsic.__init__) == ["self", "name", "defn", "prefer_literal", "kwargs"]
+    assert params(arrayobj.make_array) == ["array_type"]
+    assert params(arrayobj.populate_array) == ["array", "data", "shape", "strides", "itemsize", "meminfo", "parent"]
+    assert params(internals.populate_array) == params(arrayobj.populate_array)
+    assert params(nvvmutils.call_sreg) == ["builder", "name"]
+    assert {"tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z"} <= set(nvvmutils.SREG_MAPPING)
+    assert params(nvvmutils.declare_vprint) == ["lmod"]
+
+
+def test_accessors_build_an_intrinsic_reading_a_special_register():
+    """intrinsic + call_sreg + make_array + populate_array, end to end: an intrinsic returning a 1-element view
+    of its argument at ``tid.x`` compiles to a read of %tid.x."""
+    from llvmlite import ir
+
+    @internals.intrinsic(target="cuda", prefer_literal=False)
+    def tid_view(typingctx, arr):
+        result = types.Array(arr.dtype, 1, "C")
+
+        def codegen(context, builder, sig, args):
+            src = internals.make_array(sig.args[0])(context, builder, args[0])
+            tid = builder.zext(internals.call_sreg(builder, "tid.x"), ir.IntType(64))
+            out = internals.make_array(result)(context, builder)
+            intp = context.get_value_type(types.intp)
+            internals.populate_array(out, data=builder.gep(src.data, [tid]), shape=[ir.Constant(intp, 1)],
+                                     strides=[ir.Constant(intp, 4)], itemsize=ir.Constant(intp, 4), meminfo=None)
+            return out._getvalue()
+
+        return result(arr), codegen
+
+    def k(a):
+        v = tid_view(a)
+        v[0] = 1.0
+
+    ptx = nbc.compile_ptx(k, (types.float32[::1],))
+    assert "%tid.x" in ptx and "st.global" in ptx
+
+
+def test_simulator_block_accessors():
+    """simulated_block / simulated_block_dim / simulated_grid_dim read what numba's simulator gives a thread:
+    BlockThread(f, manager, blockIdx, threadIdx, debug) keeps the manager as ``_manager``;
+    BlockManager(f, grid_dim, block_dim, debug) keeps the shapes as ``_grid_dim`` / ``_block_dim``."""
+    import threading
+
+    from numba.cuda.simulator import kernel
+
+    assert list(inspect.signature(kernel.BlockManager.__init__).parameters) == [
+        "self", "f", "grid_dim", "block_dim", "debug"]
+    init = inspect.getsource(kernel.BlockManager.__init__)
+    assert "self._grid_dim = grid_dim" in init and "self._block_dim = block_dim" in init
+    assert "BlockManager(self.fn, grid_dim, block_dim, self._debug)" in inspect.getsource(kernel)
+    assert "self._manager = manager" in inspect.getsource(kernel.BlockThread.__init__)
+    manager = kernel.BlockManager(lambda: None, (2, 3, 1), (4, 1, 1), False)
+    thread = kernel.BlockThread(lambda: None, manager, (0, 0, 0), (1, 0, 0), False)
+    assert internals.simulated_block(thread) is manager
+    assert internals.simulated_block_dim(manager) == (4, 1, 1)
+    assert internals.simulated_grid_dim(manager) == (2, 3, 1)
+    assert internals.simulated_block(threading.current_thread()) is None  # (not a simulated thread)

@@ -1,0 +1,698 @@
+"""What every host TMA descriptor shares: :class:`TMADescriptor`, the base of :class:`numbatma.TensorMap` (tiled
+mode, ``tensormap.py``) and, through it, of :class:`numbatma.Im2colTensorMap` (im2col mode, ``im2col.py``).
+
+Here, once:
+
+* the array intake: :func:`array_layout` reads pointer, shape, byte strides and dtype from any CUDA array
+  (CUDA Array Interface, DLPack, the simulator's arrays), into an :class:`ArrayLayout`;
+* the element mapping: NumPy dtype -> driver data type (``_TMA_DTYPE``; float8 travels as its bytes), and the
+  element type kernels see (:func:`numba_dtype`);
+* the options every mode takes (``swizzle``, ``oob_fill``, ``l2_promotion``, ``interleave``, ``tf32``) and the
+  layout rules of every ``cuTensorMapEncode*`` (data type, address and stride alignment, extents, fill):
+  :func:`validate_layout` and :func:`validate_oob_fill`, whose messages start with the descriptor's class name;
+* the encoding, one path per product: the by-value 128-byte ``TensorMapDescriptor`` through cuda.core
+  (:attr:`TMADescriptor.descriptor`) and the raw 128 bytes through ``cuTensorMapEncode<Mode>``
+  (:meth:`TMADescriptor.to_bytes`). A mode supplies only its own arguments (:meth:`TMADescriptor._mode_args`,
+  :meth:`TMADescriptor._core_descriptor`);
+* re-pointing (``cuTensorMapReplaceAddress``), the facts of the shared tile, the simulator's view of memory.
+
+Everything speaks the array's own index order (NumPy/row-major: the last axis is the innermost, contiguous one).
+The driver wants the reverse; that reversal happens in one place, :meth:`TMADescriptor._driver_args`.
+
+The public names defined here (:class:`TensorMapError`, the option enums, :class:`ArrayLayout`,
+:class:`DeviceView`, :func:`array_layout`, ``SUPPORTED_DTYPES``) are exported by :mod:`numbatma.tensormap`,
+which is where users import them from. Imports nothing of numbatma but the leaves ``_env`` and ``_shapes``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._env import SIMULATING
+from ._shapes import tile_footprint
+
+_PUBLIC_MODULE = "numbatma.tensormap"
+
+
+class TensorMapError(ValueError):
+    """A TMA descriptor was asked for with arguments the hardware cannot describe."""
+
+    __module__ = _PUBLIC_MODULE
+
+
+class Swizzle(enum.IntEnum):
+    """Shared-memory swizzle pattern; the value is the swizzle span in bytes."""
+
+    __module__ = _PUBLIC_MODULE
+    NONE = 0
+    B32 = 32
+    B64 = 64
+    B128 = 128
+
+
+class OOBFill(enum.Enum):
+    """What a load writes for elements outside the array: zeros, or NaN (floating-point types only)."""
+
+    __module__ = _PUBLIC_MODULE
+    ZERO = "zero"
+    NAN = "nan"
+
+
+class L2Promotion(enum.IntEnum):
+    """L2 sector promotion of the loads; the value is the promotion size in bytes."""
+
+    __module__ = _PUBLIC_MODULE
+    NONE = 0
+    B64 = 64
+    B128 = 128
+    B256 = 256
+
+
+class Interleave(enum.IntEnum):
+    """Interleaved (NC/xHWx style) layouts; the value is the interleave width in bytes."""
+
+    __module__ = _PUBLIC_MODULE
+    NONE = 0
+    B16 = 16
+    B32 = 32
+
+
+# -- elements ---------------------------------------------------------------------------------------------------
+# numpy dtype name -> driver CUtensorMapDataType suffix. TMA moves bits: signed 8/16-bit integers travel
+# as UINT8/UINT16 (identical bytes; OOB fill zero is the same). tf32=True turns float32 into TFLOAT32.
+_TMA_DTYPE = {
+    "uint8": "UINT8",
+    "int8": "UINT8",
+    "bool": "UINT8",
+    "uint16": "UINT16",
+    "int16": "UINT16",
+    "uint32": "UINT32",
+    "int32": "INT32",
+    "uint64": "UINT64",
+    "int64": "INT64",
+    "float16": "FLOAT16",
+    "bfloat16": "BFLOAT16",
+    "float32": "FLOAT32",
+    "float64": "FLOAT64",
+}
+SUPPORTED_DTYPES = tuple(_TMA_DTYPE)
+# float8 data: TMA moves the bytes (UINT8); ``element`` (in the Numba type) tells wgmma how to read them.
+FP8_ELEMENTS = ("e4m3", "e5m2")
+_FP8_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}  # ml_dtypes names (torch.float8_e4m3fn, ...)
+_FP8_NAMES = {v: k for k, v in _FP8_DTYPES.items()}
+_FLOAT_TMA_DTYPES = {"FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "TFLOAT32", "FLOAT32_FTZ", "TFLOAT32_FTZ"}
+
+# -- driver limits shared by every mode ------------------------------------------------------------------------------
+MAX_RANK = 5
+MAX_ELEMENT_STRIDE = 8
+_MAX_DIM = 1 << 32
+_MAX_STRIDE = 1 << 40
+
+
+def shape_str(shape):
+    """``(4,)`` / ``(4, 8)``: a shape as Python writes a tuple (the messages' spelling)."""
+    return "(" + ", ".join(str(s) for s in shape) + (",)" if len(shape) == 1 else ")")
+
+
+def numba_dtype(dtype):
+    """The Numba element type kernels see for a descriptor of ``dtype`` data (bfloat16 and float8: their bits)."""
+    from numba.cuda import types
+
+    if dtype.name == "bfloat16":
+        # Shared tiles of bfloat16 data are declared with a 16-bit integer dtype in Numba kernels.
+        return types.uint16
+    if dtype.name == "bool" or dtype.itemsize == 1 and dtype.kind in "Vf":  # (float8: its bits)
+        return types.uint8
+    return getattr(types, dtype.name)
+
+
+def bits_dtype(dtype):
+    """bfloat16 / float8 (which numba kernels cannot take) as uint16 / uint8: the same bits."""
+    if dtype.name == "bfloat16" or dtype.kind == "V" or dtype.name in _FP8_DTYPES:
+        return np.dtype(f"<u{dtype.itemsize}")
+    return dtype
+
+
+# -- the array intake -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArrayLayout:
+    """What numbatma needs to know about a CUDA array: where it is and how it is laid out."""
+
+    __module__ = _PUBLIC_MODULE
+
+    ptr: int
+    shape: tuple
+    strides: tuple  # bytes, row-major order like shape
+    dtype: np.dtype
+
+    @property
+    def name(self):
+        return f"{self.dtype.name} array with shape {shape_str(self.shape)}"
+
+    def columns(self, start, stop):
+        """The layout of ``array[..., start:stop]`` (a range of the innermost axis)."""
+        start, stop = max(0, int(start)), min(int(stop), self.shape[-1])
+        return ArrayLayout(self.ptr + start * self.strides[-1], self.shape[:-1] + (max(0, stop - start),),
+                           self.strides, self.dtype)
+
+
+class DeviceView:
+    """A strided view of device memory (the CUDA Array Interface of an :class:`ArrayLayout`) that keeps the
+    array owning the memory alive. Pass it to a ``@cuda.jit`` kernel as it is, or call :meth:`device_array`
+    once for a numba device array (cheaper to launch with: no conversion per launch)."""
+
+    __module__ = _PUBLIC_MODULE
+
+    def __init__(self, layout, owner):
+        self.owner = owner
+        self.layout = layout
+        dtype = bits_dtype(layout.dtype)
+        self.__cuda_array_interface__ = {"shape": tuple(layout.shape), "strides": tuple(layout.strides),
+                                         "typestr": dtype.str, "data": (int(layout.ptr), False), "version": 3}
+        self._device = None
+
+    def device_array(self):
+        """The numba device array over the same memory (made on first call; needs the CUDA driver)."""
+        if self._device is None:
+            from numba import cuda
+
+            self._device = cuda.from_cuda_array_interface(self.__cuda_array_interface__, owner=self, sync=False)
+        return self._device
+
+
+class _LayoutArray:
+    """A CUDA-array-interface view of an :class:`ArrayLayout` (same pointer, numbatma's strides)."""
+
+    def __init__(self, layout):
+        typestr = bits_dtype(layout.dtype).str  # bfloat16 / float8: the bits (the type is given when encoding)
+        self.__cuda_array_interface__ = {
+            "shape": layout.shape,
+            "strides": layout.strides,
+            "typestr": typestr,
+            "data": (layout.ptr, False),
+            "version": 3,
+        }
+
+
+def _describe_descr(descr):
+    return "fields " + ", ".join(f"{f[0]!r}: {f[1]}" for f in descr if f)
+
+
+def _dtype_from_typestr(typestr, descr=None):
+    try:
+        dt = np.dtype(typestr)
+    except TypeError:
+        dt = None
+    if dt is not None and dt.kind == "V" and dt.itemsize == 2:
+        # bfloat16 has no typestr of its own ('<V2', descr [('', '<V2')]). A record of two bytes (named fields
+        # in descr) is not bfloat16: refuse it rather than reinterpret its bytes.
+        # NumPy spells records and raw bytes '|V2' (no byte order) and bfloat16 '<V2'.
+        fields = [f for f in (descr or ()) if f and f[0]]
+        if fields or str(typestr).startswith("|"):
+            what = f"2-byte records ({_describe_descr(fields)})" if fields else f"2-byte records or raw bytes ({typestr!r})"
+            raise TensorMapError(
+                f"TensorMap: the array's elements are {what}, not numbers, and are not taken for bfloat16; "
+                f"TMA moves integer and floating-point elements. For bfloat16 data pass an array of "
+                f"ml_dtypes.bfloat16 (typestr '<V2') or of its bits (uint16)."
+            )
+        try:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:  # pragma: no cover - optional
+            pass
+    return dt
+
+
+def simulator_memory(array):
+    """Under the CUDA simulator, device arrays are NumPy arrays in disguise (``_ary``); host NumPy arrays
+    are accepted too. Returns the NumPy array, or None for anything else."""
+    seen = 0
+    while not isinstance(array, np.ndarray) and seen < 4:
+        array = getattr(array, "_ary", None)
+        seen += 1
+    return array if isinstance(array, np.ndarray) else None
+
+
+def host_view(layout, owner, dtype):
+    """Under the simulator: the NumPy view (elements of ``dtype``) of the memory ``layout`` describes inside
+    ``owner``."""
+    host = simulator_memory(owner)
+    if host is None:
+        raise TensorMapError(f"cannot reach the memory of a {type(owner).__name__} in the simulator")
+    base = host
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    offset = layout.ptr - int(base.__array_interface__["data"][0])
+    return np.ndarray(layout.shape, dtype, buffer=base, offset=offset, strides=layout.strides)
+
+
+def _unit_dims_strides(shape, strides, itemsize):
+    """The stride of a dimension of extent 1 is never used; exporters report anything there (numba: the
+    contiguous value, which need not be a multiple of 16 bytes). Give such dimensions the smallest stride
+    TMA accepts, so a (1, 1) view of a padded allocation is as valid as its parent."""
+    out = list(strides)
+    rank = len(shape)
+    for i in reversed(range(rank)):
+        if shape[i] != 1:
+            continue
+        if i == rank - 1:
+            out[i] = itemsize
+        else:
+            span = out[i + 1] * shape[i + 1]
+            out[i] = -(-span // 16) * 16
+    return tuple(out)
+
+
+def _c_strides(shape, itemsize):
+    strides = []
+    acc = itemsize
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def array_layout(array) -> ArrayLayout:
+    """Read pointer, shape, byte strides and dtype from any CUDA array.
+
+    Accepts objects with ``__cuda_array_interface__`` (numba device arrays, CuPy, PyTorch) and objects with
+    ``__dlpack__`` (PyTorch bfloat16, JAX, ...). Needs no driver for the CUDA Array Interface.
+    """
+    if isinstance(array, ArrayLayout):
+        return array
+    if isinstance(array, DeviceView):
+        return array.layout  # (its own dtype: a bfloat16 view stays bfloat16)
+    if SIMULATING:
+        host = simulator_memory(array)
+        if host is not None:
+            return ArrayLayout(int(host.__array_interface__["data"][0]), tuple(host.shape),
+                               _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize), host.dtype)
+    try:
+        cai = array.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    except Exception:  # e.g. torch refuses the CAI for bfloat16; DLPack below handles it
+        cai = None
+    if cai is not None:
+        shape = tuple(int(s) for s in cai["shape"])
+        dtype = _dtype_from_typestr(cai["typestr"], cai.get("descr"))
+        if dtype is None:
+            raise TensorMapError(f"TensorMap: unsupported element type {cai['typestr']!r}.")
+        strides = cai.get("strides")
+        if strides is None:
+            strides = _c_strides(shape, dtype.itemsize)
+        ptr = int(cai["data"][0])
+        strides = _unit_dims_strides(shape, tuple(int(s) for s in strides), dtype.itemsize)
+        return ArrayLayout(ptr, shape, strides, dtype)
+    if hasattr(array, "__dlpack__"):
+        from cuda.core.utils import StridedMemoryView
+
+        try:
+            view = StridedMemoryView.from_any_interface(array, stream_ptr=-1)
+        except (TypeError, NotImplementedError, BufferError) as exc:  # e.g. torch float8: "Unsupported ... dtype"
+            raise TensorMapError(
+                f"TensorMap: the {type(array).__name__} cannot be described through DLPack ({exc}). For float8 "
+                f"data pass its bytes (e.g. tensor.view(torch.uint8)) with element='e4m3' or 'e5m2'."
+            ) from None
+        if not view.is_device_accessible:
+            raise TensorMapError(
+                f"TensorMap: the {type(array).__name__} lives in host memory; TMA reads and writes device "
+                f"memory. Copy it to the GPU first (e.g. numba.cuda.to_device, cupy.asarray, tensor.cuda())."
+            )
+        try:
+            dtype = np.dtype(view.dtype)
+        except Exception as exc:  # e.g. a float8 tensor without ml_dtypes to name its type
+            raise TensorMapError(
+                f"TensorMap: the element type of the {type(array).__name__} cannot be read through DLPack ({exc}). "
+                f"For float8 data pass its bytes (e.g. tensor.view(torch.uint8)) with element='e4m3' or 'e5m2'."
+            ) from None
+        shape = tuple(int(s) for s in view.shape)
+        if view.strides is None:
+            strides = _c_strides(shape, dtype.itemsize)
+        else:
+            strides = tuple(int(s) * dtype.itemsize for s in view.strides)
+        return ArrayLayout(int(view.ptr), shape, _unit_dims_strides(shape, strides, dtype.itemsize), dtype)
+    raise TensorMapError(
+        f"TensorMap: expected a CUDA array (numba device array, CuPy array, PyTorch tensor: anything with "
+        f"__cuda_array_interface__ or __dlpack__), got {type(array).__name__}."
+    )
+
+
+# -- arguments ---------------------------------------------------------------------------------------------------
+def int_tuple(who, name, value, count, what, unit="dimension"):
+    """``value`` (an int, or a sequence of ``count`` ints; bools refused) as a tuple of ints. ``what`` says why
+    ``count`` entries, e.g. ``"the float32 array with shape (4, 8) has 2 dimensions"``; ``unit`` is what one
+    entry stands for."""
+    if isinstance(value, (bool, np.bool_)):  # (True is an int to Python: box=True is not a box of 1)
+        raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.")
+    if isinstance(value, (int, np.integer)):
+        value = (int(value),)
+    try:
+        value = tuple(value)
+    except TypeError:
+        raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.") from None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in value):
+        raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.")
+    if len(value) != count:
+        raise TensorMapError(
+            f"{who}: {name} {shape_str(value)} has {len(value)} entries but {what}; give one entry per {unit}, in "
+            f"the array's own index order."
+        )
+    return tuple(int(v) for v in value)
+
+
+def coerce_enum(enum_cls, value, what, who="TensorMap"):
+    """``value`` as a member of ``enum_cls``: the member, its name or value (``"128B"``, ``"B128"``, ``128``)."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().upper()
+        aliases = {"NONE": "NONE", "0": "NONE"}
+        for member in enum_cls:
+            names = {member.name, str(member.value).upper(), f"{member.value}B".upper(), f"B{member.value}"}
+            if key in names or aliases.get(key) == member.name:
+                return member
+    else:
+        try:
+            return enum_cls(value)
+        except ValueError:
+            pass
+    choices = ", ".join(f"{enum_cls.__name__}.{m.name}" for m in enum_cls)
+    raise TensorMapError(f"{who}: {what} {value!r} is not one of {choices}.")
+
+
+# -- the layout rules of every cuTensorMapEncode* ------------------------------------------------------------------
+def check_address(who, layout, interleave):
+    align = 32 if interleave == Interleave.B32 else 16
+    if layout.ptr % align:
+        raise TensorMapError(
+            f"{who}: the {layout.name} starts at address 0x{layout.ptr:x}, which is not {align}-byte "
+            f"aligned; TMA needs the global address to be a multiple of {align} bytes. A slice that starts "
+            f"mid-row often causes this: describe the whole array and move the box coordinates instead."
+        )
+
+
+def validate_layout(who, layout, *, interleave, tf32, element=None):
+    """The rules every mode shares, in order: rank, data type (``tf32``, float8 ``element``), interleave rank,
+    address alignment, extents, innermost stride, the other strides. Returns the driver data type name."""
+    name = layout.name
+    rank = len(layout.shape)
+    dtype = layout.dtype
+    if not 1 <= rank <= MAX_RANK:
+        raise TensorMapError(f"{who}: the {name} has rank {rank}; TMA descriptors describe rank 1 to 5.")
+    tma_dtype = _TMA_DTYPE.get(dtype.name)
+    if tma_dtype is None and (element is not None or dtype.name in _FP8_DTYPES):
+        tma_dtype = "UINT8"  # float8 bytes (the Hopper TMA has no float8 type: it moves bits)
+    if tma_dtype is None:
+        raise TensorMapError(
+            f"{who}: dtype {dtype.name} of the {name} has no TMA data type. Supported dtypes: "
+            f"{', '.join(SUPPORTED_DTYPES)}."
+        )
+    if tf32:
+        if dtype.name != "float32":
+            raise TensorMapError(f"{who}: tf32=True needs a float32 array; the array is {dtype.name}.")
+        tma_dtype = "TFLOAT32"
+    itemsize = dtype.itemsize
+    if interleave != Interleave.NONE and rank < 3:
+        raise TensorMapError(
+            f"{who}: interleave={interleave.name} needs an array of rank 3 to 5; the {name} has rank {rank}."
+        )
+    check_address(who, layout, interleave)
+    for axis, d in enumerate(layout.shape):
+        if not 1 <= d <= _MAX_DIM:
+            raise TensorMapError(
+                f"{who}: dimension {axis} of the {name} is {d}; TMA needs every dimension in 1..2**32."
+            )
+    if layout.strides[-1] != itemsize:
+        raise TensorMapError(
+            f"{who}: the innermost (last) dimension of the {name} has a stride of {layout.strides[-1]} "
+            f"bytes; TMA needs it contiguous ({itemsize} bytes, one {dtype.name}). Make the array contiguous "
+            f"(e.g. .copy()) or transpose it so the contiguous axis is last."
+        )
+    stride_align = 32 if interleave == Interleave.B32 else 16
+    axis_names = {rank - 2: "row stride"} if rank >= 2 else {}
+    for axis in range(rank - 1):
+        st = layout.strides[axis]
+        what = axis_names.get(axis, f"stride of dimension {axis}")
+        if st <= 0:
+            raise TensorMapError(
+                f"{who}: {what} of the {name} is {st} bytes; TMA needs positive strides."
+            )
+        if st % stride_align:
+            hint = ""
+            if axis == rank - 2:
+                pad_elems = -(-st // stride_align) * stride_align // itemsize
+                hint = f" Pad the rows to {pad_elems} elements." if pad_elems * itemsize % stride_align == 0 else ""
+            raise TensorMapError(
+                f"{who}: {what} of the {name} is {st} bytes; TMA needs every stride except the innermost "
+                f"to be a multiple of {stride_align} bytes.{hint}"
+            )
+        if st >= _MAX_STRIDE:
+            raise TensorMapError(
+                f"{who}: {what} of the {name} is {st} bytes; TMA needs strides below 2**40 bytes."
+            )
+    return tma_dtype
+
+
+def validate_oob_fill(who, layout, oob_fill, tma_dtype):
+    if oob_fill == OOBFill.NAN and tma_dtype not in _FLOAT_TMA_DTYPES:
+        raise TensorMapError(
+            f"{who}: oob_fill=NAN needs a floating-point dtype; the {layout.name} holds {layout.dtype.name}. "
+            f"Use oob_fill=ZERO."
+        )
+
+
+# -- encoding: the driver's and cuda.core's spellings of the options ---------------------------------------------
+_DRV_SWIZZLE = {
+    Swizzle.NONE: "CU_TENSOR_MAP_SWIZZLE_NONE",
+    Swizzle.B32: "CU_TENSOR_MAP_SWIZZLE_32B",
+    Swizzle.B64: "CU_TENSOR_MAP_SWIZZLE_64B",
+    Swizzle.B128: "CU_TENSOR_MAP_SWIZZLE_128B",
+}
+_DRV_INTERLEAVE = {
+    Interleave.NONE: "CU_TENSOR_MAP_INTERLEAVE_NONE",
+    Interleave.B16: "CU_TENSOR_MAP_INTERLEAVE_16B",
+    Interleave.B32: "CU_TENSOR_MAP_INTERLEAVE_32B",
+}
+_DRV_L2 = {
+    L2Promotion.NONE: "CU_TENSOR_MAP_L2_PROMOTION_NONE",
+    L2Promotion.B64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+    L2Promotion.B128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B",
+    L2Promotion.B256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+}
+_DRV_OOB = {
+    OOBFill.ZERO: "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+    OOBFill.NAN: "CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA",
+}
+_CORE_SWIZZLE = {
+    Swizzle.NONE: lambda e: e.NONE,
+    Swizzle.B32: lambda e: e.SWIZZLE_32B,
+    Swizzle.B64: lambda e: e.SWIZZLE_64B,
+    Swizzle.B128: lambda e: e.SWIZZLE_128B,
+}
+_CORE_INTERLEAVE = {
+    Interleave.NONE: lambda e: e.NONE,
+    Interleave.B16: lambda e: e.INTERLEAVE_16B,
+    Interleave.B32: lambda e: e.INTERLEAVE_32B,
+}
+_CORE_L2 = {
+    L2Promotion.NONE: lambda e: e.NONE,
+    L2Promotion.B64: lambda e: e.L2_64B,
+    L2Promotion.B128: lambda e: e.L2_128B,
+    L2Promotion.B256: lambda e: e.L2_256B,
+}
+_CORE_OOB = {
+    OOBFill.ZERO: lambda e: e.NONE,
+    OOBFill.NAN: lambda e: e.NAN_REQUEST_ZERO_FMA,
+}
+
+
+def check_driver(err, what):
+    """Raise :class:`TensorMapError` unless the driver call ``what`` returned CUDA_SUCCESS."""
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, msg = driver.cuGetErrorString(err)
+        raise TensorMapError(f"{what} failed: {err.name}: {msg.decode() if msg else ''}")
+
+
+class TMADescriptor:
+    """A TMA descriptor (``CUtensorMap``) of a CUDA array: what every mode shares.
+
+    A mode's ``__init__`` reads the array (:func:`array_layout`), calls :meth:`_take_options` and
+    :meth:`_attach`, checks its own arguments and the shared layout rules (:func:`validate_layout`,
+    :func:`validate_oob_fill`) and sets ``tma_dtype``, ``box`` (the shared tile of one load) and
+    ``element_strides``. It defines:
+
+    * ``_WHO``: the class name its messages start with; ``_MODE``: the driver's mode (``cuTensorMapEncode<_MODE>``);
+    * :meth:`_mode_args`: its arguments of ``cuTensorMapEncode<_MODE>`` between the strides and the element
+      strides (driver order), and :meth:`_encode_mode_args`, those values as the binding takes them;
+    * :meth:`_core_descriptor`: the cuda.core call that encodes the by-value descriptor;
+    * ``_tile_steps``: the traversal steps of the shared tile (for ``shared_shape`` / ``box_bytes``);
+    * ``numba_type``, ``store_overhang`` and ``__repr__``.
+    """
+
+    _WHO: str  # e.g. "TensorMap"
+    _MODE: str  # e.g. "Tiled"
+
+    def _take_options(self, swizzle, oob_fill, l2_promotion, interleave, tf32):
+        self.swizzle = coerce_enum(Swizzle, swizzle, "swizzle", self._WHO)
+        self.oob_fill = coerce_enum(OOBFill, oob_fill, "oob_fill", self._WHO)
+        self.l2_promotion = coerce_enum(L2Promotion, l2_promotion, "l2_promotion", self._WHO)
+        self.interleave = coerce_enum(Interleave, interleave, "interleave", self._WHO)
+        self.tf32 = bool(tf32)
+
+    def _attach(self, layout, array):
+        """Describe ``array`` (read as ``layout``); nothing is encoded until a launch or :meth:`to_bytes`."""
+        self.shape = layout.shape
+        self.strides = layout.strides
+        self.dtype = layout.dtype
+        self._layout = layout
+        self._array = array
+        self._numba_type = None
+        self._descriptor = None  # cuda.core TensorMapDescriptor, encoded on first launch
+        self._device_id = None  # the device of the array, known once encoded (checked at launch)
+        self._raw = None  # 128 bytes from cuTensorMapEncode<_MODE>, encoded on first request
+
+    # -- facts -------------------------------------------------------------------------------------
+    @property
+    def rank(self):
+        return len(self.shape)
+
+    @property
+    def itemsize(self):
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    @property
+    def array(self):
+        """The array the descriptor currently points at."""
+        return self._array
+
+    @property
+    def _tile_steps(self):
+        return self.element_strides
+
+    @property
+    def shared_shape(self):
+        """Shape of the shared-memory tile one load fills: ``ceil(box / element_strides)`` per axis (im2col:
+        ``(pixels_per_column, channels_per_pixel)``), except that with a swizzle wider than the tile's rows each
+        row takes a whole swizzle span (see :func:`numbatma.tensormap.tile_footprint`)."""
+        return tile_footprint(self.box, self._tile_steps, self.dtype.itemsize, int(self.swizzle))[0]
+
+    @property
+    def box_bytes(self):
+        """Bytes one load delivers to shared memory (its mbarrier transaction count)."""
+        return tile_footprint(self.box, self._tile_steps, self.dtype.itemsize, int(self.swizzle))[1]
+
+    @property
+    def shared_alignment(self):
+        """Alignment (bytes) the shared tile needs: the swizzle's repeat (8 rows of its span: 256, 512 or
+        1024 bytes), so the pattern starts with the tile; 128 without swizzle."""
+        return 8 * int(self.swizzle) if int(self.swizzle) else 128
+
+    # -- re-pointing -------------------------------------------------------------------------------
+    def repoint(self, array):
+        """Point this descriptor at another array of exactly the same shape, strides and dtype, without
+        re-encoding it (``cuTensorMapReplaceAddress``)."""
+        layout = array_layout(array)
+        if (layout.shape, layout.strides, layout.dtype) != (self.shape, self.strides, self.dtype):
+            raise TensorMapError(
+                f"{self._WHO}.repoint: the new array must have the layout the descriptor was built for: "
+                f"{self._layout.name} with byte strides {self.strides}; got {layout.name} with byte strides "
+                f"{layout.strides}. Build a new {self._WHO} for a different layout."
+            )
+        check_address(self._WHO, layout, self.interleave)
+        if self._descriptor is not None:
+            self._descriptor.replace_address(array)
+        if self._raw is not None:
+            from cuda.bindings import driver
+
+            check_driver(driver.cuTensorMapReplaceAddress(self._raw, layout.ptr), "cuTensorMapReplaceAddress")
+        self._layout = layout
+        self._array = array
+        return self
+
+    # -- encoding ----------------------------------------------------------------------------------
+    def _mode_args(self):
+        """The mode's arguments of ``cuTensorMapEncode<_MODE>`` (a dict in driver order, innermost first)."""
+        raise NotImplementedError
+
+    def _encode_mode_args(self, driver, args):
+        """The values of :meth:`_mode_args` (in ``args``) as the ``cuda.bindings`` call takes them."""
+        raise NotImplementedError
+
+    def _core_descriptor(self, view, **options):
+        """Encode through cuda.core: the mode's factory called with ``view`` (a ``StridedMemoryView``), the
+        mode's own arguments and ``options`` (element strides, data type, interleave, swizzle, L2, fill)."""
+        raise NotImplementedError
+
+    def _driver_args(self):
+        """Arguments of ``cuTensorMapEncode<_MODE>``, innermost dimension first."""
+        rev = lambda t: tuple(reversed(t))  # noqa: E731
+        args = dict(
+            rank=self.rank,
+            address=self._layout.ptr,
+            dims=rev(self.shape),
+            strides=rev(self.strides)[1:],
+        )
+        args.update(self._mode_args())
+        args["element_strides"] = rev(self.element_strides)
+        return args
+
+    @property
+    def descriptor(self):
+        """The ``cuda.core.TensorMapDescriptor`` passed by value at launch (encoded on first use through
+        cuda.core, which calls ``cuTensorMapEncode<mode>``; the launcher accepts only that type by value)."""
+        if self._descriptor is None:
+            from cuda.core._tensor_map import (
+                TensorMapDataType,
+                TensorMapInterleave,
+                TensorMapL2Promotion,
+                TensorMapOOBFill,
+                TensorMapSwizzle,
+            )
+            from cuda.core.utils import StridedMemoryView
+
+            # With extent-1 dimensions, encode the strides numbatma validated (see array_layout).
+            source = _LayoutArray(self._layout) if 1 in self.shape else self._array
+            view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
+            self._device_id = getattr(view, "device_id", None)  # (checked at launch)
+            self._descriptor = self._core_descriptor(
+                view,
+                element_strides=self.element_strides,
+                data_type=getattr(TensorMapDataType, self.tma_dtype),
+                interleave=_CORE_INTERLEAVE[self.interleave](TensorMapInterleave),
+                swizzle=_CORE_SWIZZLE[self.swizzle](TensorMapSwizzle),
+                l2_promotion=_CORE_L2[self.l2_promotion](TensorMapL2Promotion),
+                oob_fill=_CORE_OOB[self.oob_fill](TensorMapOOBFill),
+            )
+        return self._descriptor
+
+    def to_bytes(self) -> bytes:
+        """The 128-byte ``CUtensorMap`` (encoded with ``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``),
+        e.g. to store it in global memory (a :class:`numbatma.TensorMapArray`). Needs the CUDA driver."""
+        if self._raw is None:
+            from cuda.bindings import driver
+
+            a = self._driver_args()
+            encode = "cuTensorMapEncode" + self._MODE
+            err, tmap = getattr(driver, encode)(
+                getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + self.tma_dtype),
+                a["rank"],
+                a["address"],
+                [driver.cuuint64_t(d) for d in a["dims"]],
+                [driver.cuuint64_t(s) for s in a["strides"]],
+                *self._encode_mode_args(driver, a),
+                [driver.cuuint32_t(e) for e in a["element_strides"]],
+                getattr(driver.CUtensorMapInterleave, _DRV_INTERLEAVE[self.interleave]),
+                getattr(driver.CUtensorMapSwizzle, _DRV_SWIZZLE[self.swizzle]),
+                getattr(driver.CUtensorMapL2promotion, _DRV_L2[self.l2_promotion]),
+                getattr(driver.CUtensorMapFloatOOBfill, _DRV_OOB[self.oob_fill]),
+            )
+            check_driver(err, encode)
+            self._raw = tmap
+        return b"".join(int(w).to_bytes(8, "little") for w in self._raw.opaque)
