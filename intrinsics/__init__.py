@@ -6,6 +6,7 @@ PTX family (``FAMILIES`` below); each lists its public names in ``__all__`` and 
 (``docs/ptx.md`` is generated from it: ``python scripts/gen_ptx_doc.py``).
 """
 from . import (
+    accumulator,
     async_copy,
     bulk,
     cache,
@@ -27,7 +28,7 @@ from . import wgmma as _wgmma_family  # (the name wgmma is the intrinsic)
 
 #: The PTX families, one module each: their ``__all__`` is this package's API, their ``PTX`` tables ``all_ptx()``.
 FAMILIES = (mbarrier, tma, fence, async_copy, warp, pipeline, smem, cache, bulk, cluster, cluster_copy, descriptor,
-            im2col, swizzle, mma, _wgmma_family)
+            im2col, swizzle, mma, _wgmma_family, accumulator)
 
 __all__ = []
 for _module in FAMILIES:

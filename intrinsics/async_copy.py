@@ -11,7 +11,9 @@ issues a strided share of 16-byte copies.
 """
 from __future__ import annotations
 
+import numpy as np
 
+from . import mbarrier
 from ._asm import Ptx
 from ._define import (
     SIMULATING,
@@ -52,7 +54,9 @@ MBARRIER_ARRIVE_NOINC = Ptx("cp.async.mbarrier.arrive.noinc.shared.b64 [$bar];",
 
 if not SIMULATING:
     from llvmlite import ir
-    from numba.cuda import cgutils, nvvmutils, types
+    from numba.cuda import cgutils, types
+
+    from numbatma._numba_internals import call_sreg
 
     from numbatma._types import SharedArray
 
@@ -72,7 +76,8 @@ def literal_rules(typer):
     return typer
 
 
-def _index_types(op, what, ary, index):
+def index_types(op, what, ary, index):
+    """Typing: ``index`` names one element of ``ary`` (an integer for a 1-D array, else a tuple of integers)."""
     if isinstance(index, types.Integer):
         if ary.ndim != 1:
             fail(op, f"{what} is {ary.ndim}-D: index it with a tuple of {ary.ndim} integers")
@@ -82,7 +87,8 @@ def _index_types(op, what, ary, index):
         fail(op, f"the index into {what} ({ary}) must be {ary.ndim} integer(s), got {index}")
 
 
-def _element_pointer(context, builder, aryty, ary, indty, index):
+def element_pointer(context, builder, aryty, ary, indty, index):
+    """Lowering: an i8* to element ``index`` of ``ary``."""
     arr = context.make_array(aryty)(context, builder, ary)
     if isinstance(indty, types.Integer):
         inds = [context.cast(builder, index, indty, types.intp)]
@@ -92,12 +98,13 @@ def _element_pointer(context, builder, aryty, ary, indty, index):
     return builder.bitcast(ptr, ir.IntType(8).as_pointer())
 
 
-def _shared_pointer(builder, ptr):
+def shared_pointer(builder, ptr):
+    """Lowering: the 32-bit shared-window address of a generic pointer into shared memory."""
     smem = builder.addrspacecast(ptr, ir.IntType(8).as_pointer(3))
     return builder.ptrtoint(smem, ir.IntType(32))
 
 
-@device_op(prefer_literal=True, simulate=lambda dst, di, src, si, n: sim().cp_async(dst, di, src, si, n))
+@device_op(prefer_literal=True, simulate=lambda dst, di, src, si, n: sim_cp_async(dst, di, src, si, n))
 def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     """Start copying ``nbytes`` (4, 8 or 16) bytes from ``src[src_index]`` (global) to ``dst[dst_index]``
     (shared) with this thread.
@@ -111,8 +118,8 @@ def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     require_shared(op, "the destination", dst)
     if not isinstance(src, types.Array) or isinstance(src, SharedArray):
         fail(op, f"the source must be a global-memory array (a kernel argument), got {src}")
-    _index_types(op, "the destination", dst, dst_index)
-    _index_types(op, "the source", src, src_index)
+    index_types(op, "the destination", dst, dst_index)
+    index_types(op, "the source", src, src_index)
     n = require_literal_int(op, "nbytes", nbytes, 4, 16)
     if n not in (4, 8, 16):
         fail(op, f"nbytes must be 4, 8 or 16, got {n}")
@@ -123,8 +130,8 @@ def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
         fail(op, f"{n} bytes is not a whole number of {dst.dtype} elements")
 
     def codegen(context, builder, sig, args):
-        d = _shared_pointer(builder, _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
-        s = builder.ptrtoint(_element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3]),
+        d = shared_pointer(builder, element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+        s = builder.ptrtoint(element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3]),
                              ir.IntType(64))
         if n == 16:
             COPY_CG.emit(builder, dst=d, src=s)
@@ -135,13 +142,13 @@ def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     return types.void(dst, dst_index, src, src_index, nbytes), codegen
 
 
-@device_op(simulate=lambda: sim().cp_async_commit_group())
+@device_op(simulate=lambda: sim_commit_group())
 def cp_async_commit_group(typingctx):
     """``cp.async.commit_group;`` - close this thread's current group of ``cp_async`` copies."""
     return types.void(), emit_only(COMMIT_GROUP)
 
 
-@device_op(prefer_literal=True, simulate=lambda n: sim().cp_async_wait_group(n))
+@device_op(prefer_literal=True, simulate=lambda n: sim_wait_group(n))
 def cp_async_wait_group(typingctx, n):
     """``cp.async.wait_group N;`` - wait until at most ``N`` (a constant, 0..7 is typical) of this thread's
     committed groups are pending. Other threads' copies are covered only after a block barrier."""
@@ -149,7 +156,7 @@ def cp_async_wait_group(typingctx, n):
     return types.void(n), emit_only(WAIT_GROUP, n=value)
 
 
-@device_op(simulate=lambda: sim().cp_async_wait_all())
+@device_op(simulate=lambda: sim_wait_all())
 def cp_async_wait_all(typingctx):
     """``cp.async.wait_all;`` - wait for all of this thread's ``cp_async`` copies."""
     return types.void(), emit_only(WAIT_ALL)
@@ -163,7 +170,7 @@ def _arrive(ptx):
     return codegen
 
 
-@device_op(simulate=lambda bar: sim().cp_async_mbarrier_arrive(bar, False))
+@device_op(simulate=lambda bar: sim_mbarrier_arrive(bar, False))
 def cp_async_mbarrier_arrive(typingctx, bar):
     """``cp.async.mbarrier.arrive.shared.b64 [bar];`` - when all of this thread's prior ``cp_async`` copies
     complete, arrive on ``bar``. The pending count is raised by one first, so the thread still makes its
@@ -173,7 +180,7 @@ def cp_async_mbarrier_arrive(typingctx, bar):
     return types.void(bar), _arrive(MBARRIER_ARRIVE)
 
 
-@device_op(simulate=lambda bar: sim().cp_async_mbarrier_arrive(bar, True))
+@device_op(simulate=lambda bar: sim_mbarrier_arrive(bar, True))
 def cp_async_mbarrier_arrive_noinc(typingctx, bar):
     """``cp.async.mbarrier.arrive.noinc.shared.b64 [bar];`` - the completion of this thread's prior
     ``cp_async`` copies is one of the arrivals ``bar`` expects (initialise it with the number of copying
@@ -210,13 +217,13 @@ def _block_copy_codegen(finish):
 
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
-        sreg = {n: nvvmutils.call_sreg(builder, n) for n in ("tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z")}
+        sreg = {n: call_sreg(builder, n) for n in ("tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z")}
         tid = builder.add(sreg["tid.x"], builder.mul(sreg["ntid.x"], builder.add(
             sreg["tid.y"], builder.mul(sreg["ntid.y"], sreg["tid.z"]))))
         nthreads = builder.mul(sreg["ntid.x"], builder.mul(sreg["ntid.y"], sreg["ntid.z"]))
         dst = context.make_array(sig.args[0])(context, builder, args[0])
         src = context.make_array(sig.args[1])(context, builder, args[1])
-        d0 = _shared_pointer(builder, builder.bitcast(dst.data, ir.IntType(8).as_pointer()))
+        d0 = shared_pointer(builder, builder.bitcast(dst.data, ir.IntType(8).as_pointer()))
         s0 = builder.ptrtoint(src.data, ir.IntType(64))
         nbytes = context.cast(builder, args[2], sig.args[2], types.uint32)
         pieces = builder.lshr(nbytes, ir.Constant(i32, 4))
@@ -273,10 +280,94 @@ def memcpy_async_mbarrier(typingctx, dst, src, nbytes, bar):
     return types.void(dst, src, nbytes, bar), _block_copy_codegen(finish)
 
 
+# -- simulator semantics ----------------------------------------------------------------------------------------
+class _CpAsyncGroups:
+    """The engine's completion key of one thread's cp.async groups: phase ``n`` complete = the thread's first
+    ``n`` committed groups are done (its cp_async_wait_group; other threads learn it through a barrier)."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self, thread):
+        self.thread = thread
+
+    def missing_wait(self, me, phase):
+        return ("this thread's cp.async copies complete at its cp_async_wait_group / cp_async_wait_all (other "
+                "threads: after a block barrier that follows it)")
+
+
+def _groups_key(thread):
+    key = thread.__dict__.get("_numbatma_cp_key")
+    if key is None:
+        key = thread._numbatma_cp_key = _CpAsyncGroups(thread)
+    return key
+
+
+def _elements(array, index, n):
+    """``n`` elements of ``array`` from ``index`` on (C order), as a plain NumPy view (no access checks)."""
+    a = np.asarray(sim().numpy_of(array))
+    idx = (int(index),) if np.isscalar(index) else tuple(int(i) for i in index)
+    flat = a.reshape(-1)
+    if not np.shares_memory(flat, a):
+        raise sim().SimulatedMisuse("cp_async: the array must be C-contiguous")
+    start = int(np.ravel_multi_index(idx, a.shape)) if len(idx) == a.ndim else idx[0]
+    return flat[start:start + n]
+
+
+def sim_cp_async(dst, dst_index, src, src_index, nbytes):
+    """The copy happens when issued; its bytes are readable once its group is known complete."""
+    s = sim()
+    n = int(nbytes) // dst.dtype.itemsize
+    target = _elements(dst, dst_index, n)
+    target[:] = _elements(src, src_index, n)
+    me = s.current_thread()
+    site = s.caller_site()
+    with s.lock:
+        lo, hi = s.bounds(target)
+        group = me.__dict__.get("_numbatma_cp_groups", 0)
+        fill = s.add_fill(lo, hi, f"the bytes the cp_async at {site[0]}:{site[1]} copies", [(_groups_key(me), group)])
+        mine = me.__dict__.setdefault("_numbatma_cp_fills", [])
+        mine.append(fill)
+        if len(mine) > 64:  # only the copies not yet waited for matter to cp_async_mbarrier_arrive
+            done = s.knowledge(me).get(_groups_key(me), 0)
+            mine[:] = [f for f in mine if f.completions[0][1] >= done]
+
+
+def sim_commit_group():
+    me = sim().current_thread()
+    me._numbatma_cp_groups = me.__dict__.get("_numbatma_cp_groups", 0) + 1
+
+
+def sim_wait_group(n):
+    s = sim()
+    me = s.current_thread()
+    done = me.__dict__.get("_numbatma_cp_groups", 0) - int(n)
+    seen = s.knowledge(me)
+    key = _groups_key(me)
+    if seen.get(key, 0) < done:
+        seen[key] = done
+
+
+def sim_wait_all():
+    sim_commit_group()
+    sim_wait_group(0)
+
+
+def sim_mbarrier_arrive(bar, counts_as_arrival):
+    """The completion of this thread's prior cp.async copies arrives on ``bar`` (they are done already):
+    their bytes are also known to whoever waits for the phase this arrival counts towards."""
+    s = sim()
+    me = s.current_thread()
+    with s.lock:
+        b, phase = mbarrier.sim_phase(bar, "cp_async_mbarrier_arrive")
+        for f in me.__dict__.get("_numbatma_cp_fills", ()):
+            f.completions.append((b, phase))
+        me._numbatma_cp_fills = []  # (bound to this phase now; later arrivals concern later copies)
+        if counts_as_arrival:  # (under the same lock: the arrival counts towards that same phase)
+            mbarrier.sim_arrive(bar)
+
+
 def sim_memcpy_async(dst, src, nbytes, bar):
     """Simulator semantics of ``memcpy_async`` (``bar`` None) and ``memcpy_async_mbarrier``."""
-    import numpy as np
-
     s = sim()
     op = "memcpy_async" if bar is None else "memcpy_async_mbarrier"
     n = int(nbytes)
@@ -289,15 +380,12 @@ def sim_memcpy_async(dst, src, nbytes, bar):
         if a.__array_interface__["data"][0] % 16:
             raise s.SimulatedMisuse(f"{op}: {what} is not 16-byte aligned")
     per = 16 // dst.dtype.itemsize
-    me = s._thread()
-    block = me._manager._block_dim
-    nthreads = int(np.prod(block))
-    for k in range(s.thread_index(), n // 16, nthreads):
-        s.cp_async(dst, k * per, src, k * per, 16)
+    for k in range(s.thread_index(), n // 16, s.block_size()):
+        sim_cp_async(dst, k * per, src, k * per, 16)
     if bar is None:
-        s.cp_async_commit_group()
+        sim_commit_group()
     else:
-        s.cp_async_mbarrier_arrive(bar, True)
+        sim_mbarrier_arrive(bar, True)
 
 
 PTX = {

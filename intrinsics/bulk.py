@@ -30,6 +30,7 @@ import ctypes
 
 import numpy as np
 
+from . import mbarrier
 from ._asm import Ptx
 from ._define import SIMULATING, barrier_address, device_op, fail, require_barrier, require_shared, sim
 
@@ -99,7 +100,7 @@ if not SIMULATING:
 
     from numbatma._types import SharedArray
 
-    from .async_copy import _element_pointer, _index_types, _shared_pointer, literal_fail
+    from .async_copy import element_pointer, index_types, shared_pointer, literal_fail
 
 from .async_copy import literal_rules
 
@@ -142,7 +143,7 @@ def _literal_size(op, nbytes, item):
 
 def _check_index(op, what, ary, index):
     """An index into ``ary``; a constant 1-D index must keep the 16-byte alignment of the array start."""
-    _index_types(op, what, ary, index)
+    index_types(op, what, ary, index)
     if isinstance(index, types.IntegerLiteral):
         offset = index.literal_value * (ary.dtype.bitwidth // 8)
         if offset % 16:
@@ -214,7 +215,7 @@ def bulk_load(typingctx, dst, src, bar):
     def codegen(context, builder, sig, args):
         LOAD.emit(
             builder,
-            dst=_shared_pointer(builder, _first_pointer(context, builder, sig.args[0], args[0])),
+            dst=shared_pointer(builder, _first_pointer(context, builder, sig.args[0], args[0])),
             src=_g(builder, _first_pointer(context, builder, sig.args[1], args[1])),
             size=_size_operand(context, builder, static, sig.args[0], args[0]),
             bar=barrier_address(context, builder, sig.args[2], args[2]),
@@ -245,9 +246,9 @@ def bulk_load_at(typingctx, dst, dst_index, src, src_index, nbytes, bar):
     require_barrier(op, bar)
 
     def codegen(context, builder, sig, args):
-        d = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        s = _element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
-        LOAD.emit(builder, dst=_shared_pointer(builder, d), src=_g(builder, s),
+        d = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        s = element_pointer(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+        LOAD.emit(builder, dst=shared_pointer(builder, d), src=_g(builder, s),
                   size=_u32(context, builder, sig.args[4], args[4]),
                   bar=barrier_address(context, builder, sig.args[5], args[5]))
         return context.get_dummy_value()
@@ -288,7 +289,7 @@ def _shared_to_global(op, dst, src, ptx_for, first):
         ptx.emit(
             builder,
             dst=_g(builder, _first_pointer(context, builder, sig.args[d], args[d])),
-            src=_shared_pointer(builder, _first_pointer(context, builder, sig.args[s], args[s])),
+            src=shared_pointer(builder, _first_pointer(context, builder, sig.args[s], args[s])),
             size=_size_operand(context, builder, static, sig.args[s], args[s]),
         )
         return context.get_dummy_value()
@@ -309,9 +310,9 @@ def _shared_to_global_at(op, dst, dst_index, src, src_index, nbytes, ptx_for, fi
 
     def codegen(context, builder, sig, args):
         a = first
-        d = _element_pointer(context, builder, sig.args[a], args[a], sig.args[a + 1], args[a + 1])
-        s = _element_pointer(context, builder, sig.args[a + 2], args[a + 2], sig.args[a + 3], args[a + 3])
-        ptx.emit(builder, dst=_g(builder, d), src=_shared_pointer(builder, s),
+        d = element_pointer(context, builder, sig.args[a], args[a], sig.args[a + 1], args[a + 1])
+        s = element_pointer(context, builder, sig.args[a + 2], args[a + 2], sig.args[a + 3], args[a + 3])
+        ptx.emit(builder, dst=_g(builder, d), src=shared_pointer(builder, s),
                  size=_u32(context, builder, sig.args[a + 4], args[a + 4]))
         return context.get_dummy_value()
 
@@ -351,7 +352,7 @@ def _cluster_address(context, builder, ty, value, barrier=False):
     if barrier:
         own = barrier_address(context, builder, ty, value)
     else:
-        own = _shared_pointer(builder, _first_pointer(context, builder, ty, value))
+        own = shared_pointer(builder, _first_pointer(context, builder, ty, value))
     from .cluster import CTARANK, MAPA
 
     return MAPA.emit(builder, addr=own, rank=CTARANK.emit(builder))
@@ -391,7 +392,7 @@ def bulk_copy_to_cluster(typingctx, dst, src, nbytes, bar):
         CLUSTER_COPY.emit(
             builder,
             dst=_cluster_address(context, builder, sig.args[0], args[0]),
-            src=_shared_pointer(builder, _first_pointer(context, builder, sig.args[1], args[1])),
+            src=shared_pointer(builder, _first_pointer(context, builder, sig.args[1], args[1])),
             size=_u32(context, builder, sig.args[2], args[2]),
             bar=_cluster_address(context, builder, sig.args[3], args[3], barrier=True),
         )
@@ -478,7 +479,7 @@ def bulk_prefetch_l2_at(typingctx, src, src_index, nbytes):
     _literal_size(op, nbytes, 1)
 
     def codegen(context, builder, sig, args):
-        s = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        s = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
         PREFETCH_L2.emit(builder, src=_g(builder, s), size=_u32(context, builder, sig.args[2], args[2]))
         return context.get_dummy_value()
 
@@ -553,31 +554,10 @@ def _sim_load(dst, dst_index, src, src_index, nbytes, bar, op):
     d_addr, d = _byte_range(op, "the destination", dst, dst_index, n)
     _, src_bytes = _byte_range(op, "the source", src, src_index, n)
     site = s.caller_site()
-    with s._lock:
+    with s.lock:
         d[:] = src_bytes
-        b, phase = s.mbarrier_complete_tx(bar, n)
-        s._add_fill(d_addr, d_addr + n, f"the bytes the {op} at {site[0]}:{site[1]} copies", [(b, phase)])
-
-
-def _reduce_values(op, old, new):
-    if op == "add":
-        with np.errstate(over="ignore"):
-            return old + new
-    if op == "min":
-        return np.minimum(old, new)
-    if op == "max":
-        return np.maximum(old, new)
-    if op == "and":
-        return old & new
-    if op == "or":
-        return old | new
-    if op == "xor":
-        return old ^ new
-    if op == "inc":
-        return np.where(old >= new, 0, old + 1).astype(old.dtype)
-    if op == "dec":
-        return np.where((old == 0) | (old > new), new, old - 1).astype(old.dtype)
-    raise ValueError(op)
+        b, phase = mbarrier.sim_complete_tx(bar, n)
+        s.add_fill(d_addr, d_addr + n, f"the bytes the {op} at {site[0]}:{site[1]} copies", [(b, phase)])
 
 
 def _sim_store(dst, dst_index, src, src_index, nbytes, op, reduce_op):
@@ -592,16 +572,16 @@ def _sim_store(dst, dst_index, src, src_index, nbytes, op, reduce_op):
     s_addr, src_bytes = _byte_range(op, "the source", src, src_index, n)
     _, d = _byte_range(op, "the destination", dst, dst_index, n)
     site = s.caller_site()
-    with s._lock:
-        s._check_store_source(s_addr, s_addr + n, op)
-        s._add_store_read(s_addr, s_addr + n, site)
+    with s.lock:
+        s.check_store_source(s_addr, s_addr + n, op)
+        s.add_store_read(s_addr, s_addr + n, site)
     if reduce_op is None:
         d[:] = src_bytes
         return
     dtype = _host(dst).dtype
-    with s._lock:  # (element-wise atomic on the GPU)
+    with s.lock:  # (element-wise atomic on the GPU)
         old = d.view(dtype)
-        old[:] = _reduce_values(str(reduce_op), old.copy(), src_bytes.view(dtype).copy())
+        old[:] = s.reduce_elements(str(reduce_op), old.copy(), src_bytes.view(dtype).copy())  # (as tma_reduce)
 
 
 def _sim_prefetch(src, src_index, nbytes, op):
@@ -614,11 +594,9 @@ def _sim_prefetch(src, src_index, nbytes, op):
 def _cluster_windows():
     """shared::cluster addresses that mapa_shared / mapa_barrier handed out in the running block (the
     cluster module's registry: base address -> (array or None, name)); empty if there is none."""
-    try:
-        from .cluster import _sim_windows
-    except ImportError:  # pragma: no cover - the cluster module predates this
-        return {}
-    return _sim_windows()
+    from .cluster import sim_windows
+
+    return sim_windows()
 
 
 def _cluster_target(op, dst, nbytes):
@@ -631,7 +609,7 @@ def _cluster_target(op, dst, nbytes):
             raise s.SimulatedMisuse(f"{op}: the destination must be shared memory")
         return _byte_range(op, "the destination", dst, 0, nbytes)
     address = int(dst)
-    with s._lock:
+    with s.lock:
         for base, (array, name) in _cluster_windows().items():
             if array is None or not base <= address < base + array.nbytes:
                 continue
@@ -657,8 +635,26 @@ def _sim_cluster_copy(dst, src, nbytes, bar):
         entry = _cluster_windows().get(int(bar))
         bar = s.BarrierRef(int(bar), entry[1] if entry else f"mbarrier at shared::cluster address {int(bar):#x}")
     site = s.caller_site()
-    with s._lock:
-        s._check_store_source(s_addr, s_addr + n, op)
+    with s.lock:
+        s.check_store_source(s_addr, s_addr + n, op)
         d[:] = src_bytes
-        b, phase = s.mbarrier_complete_tx(bar, n)
-        s._add_fill(d_addr, d_addr + n, f"the bytes the {op} at {site[0]}:{site[1]} copies", [(b, phase)])
+        b, phase = mbarrier.sim_complete_tx(bar, n)
+        s.add_fill(d_addr, d_addr + n, f"the bytes the {op} at {site[0]}:{site[1]} copies", [(b, phase)])
+
+
+# -- bulk async-groups (``bulk_commit_group`` / ``bulk_wait_group(_read)``, defined in tma.py) ----------------------
+def sim_commit_group():
+    """``cp.async.bulk.commit_group``: this thread's stores (tile and bulk) not yet in a group form its next
+    bulk group."""
+    s = sim()
+    me = s.current_thread()
+    groups = me.__dict__.setdefault("_numbatma_bulk_groups", 0)
+    s.commit_store_reads(me, groups)
+    me._numbatma_bulk_groups = groups + 1
+
+
+def sim_wait_group(n):
+    """``cp.async.bulk.wait_group(.read) n``: every bulk group of this thread but the newest ``n`` is done."""
+    s = sim()
+    me = s.current_thread()
+    s.retire_store_reads(me, me.__dict__.get("_numbatma_bulk_groups", 0) - int(n))

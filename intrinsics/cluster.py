@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import threading
 
+from numbatma._numba_internals import simulated_block, simulated_grid_dim  # (numba's simulator threads)
+
+from . import mbarrier
 from ._asm import Ptx
 from ._define import SIMULATING, barrier_address, device_op, emit_only, sim, to_u32
 
@@ -108,13 +111,14 @@ if not SIMULATING:
 
 # -- simulator semantics --------------------------------------------------------------------------------
 def _sim_thread():
-    sim().block_state()  # (raises outside a simulated kernel)
+    sim().block_local("cluster_windows")  # (raises outside a simulated kernel)
     return threading.current_thread()
 
 
-def _sim_windows():
-    """shared::cluster addresses handed out by mapa_* in the running block: base -> (array, name)."""
-    return sim().block_state().__dict__.setdefault("_numbatma_cluster_windows", {})
+def sim_windows():
+    """shared::cluster addresses handed out by mapa_* in the running block: base -> (array or None, name) (also
+    read by bulk.py's cluster copies)."""
+    return sim().block_local("cluster_windows")
 
 
 def _sim_check_rank(op, rank):
@@ -131,8 +135,8 @@ def _sim_mapa_shared(array, rank):
     s = sim()
     base = s.address_of(array)
     site = getattr(array, "__dict__", {}).get("_numbatma_site")
-    with s._lock:
-        _sim_windows()[base] = (array, f"shared array {s.describe_site(site)}" if site else "shared array")
+    with s.lock:
+        sim_windows()[base] = (array, f"shared array {s.describe_site(site)}" if site else "shared array")
     return base
 
 
@@ -140,8 +144,8 @@ def _sim_mapa_barrier(bar, rank):
     _sim_check_rank("mapa_barrier", rank)
     s = sim()
     ref = s.barrier_of(bar)
-    with s._lock:
-        _sim_windows()[ref.address] = (None, ref.name)
+    with s.lock:
+        sim_windows()[ref.address] = (None, ref.name)
     return ref.address
 
 
@@ -151,8 +155,8 @@ def _sim_resolve(op, addr, nbytes):
 
     addr = int(addr)
     s = sim()
-    with s._lock:
-        for base, (array, name) in _sim_windows().items():
+    with s.lock:
+        for base, (array, name) in sim_windows().items():
             if array is None:
                 continue
             size = array.size * array.dtype.itemsize
@@ -186,14 +190,14 @@ def _sim_load(op, dtype):
 
 def _sim_arrive_cluster(addr):
     s = sim()
-    with s._lock:
-        entry = _sim_windows().get(int(addr))
+    with s.lock:
+        entry = sim_windows().get(int(addr))
     if entry is None or entry[0] is not None:
         raise s.SimulatedMisuse(
             f"mbarrier_arrive_cluster: address {int(addr):#x} is not an mbarrier translated with mapa_barrier in "
             f"this CTA (pass the uint32 that mapa_barrier(bar, rank) returned)"
         )
-    s.mbarrier_arrive(s.BarrierRef(int(addr), entry[1]))
+    mbarrier.sim_arrive(s.BarrierRef(int(addr), entry[1]))
 
 
 def _sim_cluster_arrive(op):
@@ -233,7 +237,7 @@ def _sim_ids(which):
         if which == "clusterid":
             return tuple(int(v) for v in t.blockIdx)
         if which == "nclusterid":
-            return tuple(int(v) for v in t._manager._grid_dim)
+            return tuple(int(v) for v in simulated_grid_dim(simulated_block(t)))
         return (0, 0, 0) if which == "ctaid" else (1, 1, 1)
 
     return read
@@ -332,7 +336,7 @@ def mbarrier_arrive_cluster(typingctx, addr):
     return types.void(addr), codegen
 
 
-@device_op(simulate=lambda bar, parity: sim().wait_parity(bar, parity))
+@device_op(simulate=lambda bar, parity: mbarrier.sim_wait_parity(bar, parity))
 def mbarrier_wait_parity_cluster(typingctx, bar, parity):
     """Block until the phase with parity ``parity`` of this CTA's barrier ``bar`` has completed, acquiring at
     *cluster* scope: a loop over ``mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [bar], parity;``.

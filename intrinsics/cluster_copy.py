@@ -30,7 +30,7 @@ from numba import cuda
 from . import cluster as _cluster
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, fail, sim, to_u32
-from .tma import RANKS, _coord_ins, _coord_list, _tile_load
+from .tma import RANKS, coord_ins, coord_list, sim_load, tile_load
 
 __all__ = [
     "cluster_mask",
@@ -46,8 +46,8 @@ __all__ = [
 LOAD_MULTICAST = {
     r: Ptx(
         f"cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
-        f"[$dst], [$tmap, {{{_coord_list(r)}}}], [$bar], $mask;",
-        ins=(("dst", "b32"), ("tmap", "b64")) + _coord_ins(r) + (("bar", "b32"), ("mask", "b16")),
+        f"[$dst], [$tmap, {{{coord_list(r)}}}], [$bar], $mask;",
+        ins=(("dst", "b32"), ("tmap", "b64")) + coord_ins(r) + (("bar", "b32"), ("mask", "b16")),
     )
     for r in RANKS
 }
@@ -185,7 +185,7 @@ def tma_load_multicast(typingctx, dst, desc, coords, bar, mask):
     those of ``tma_load`` plus an integer ``mask`` (a 16-bit operand: higher bits are dropped on the GPU and
     reported by the simulator).
     """
-    return _tile_load("tma_load_multicast", LOAD_MULTICAST, dst, desc, coords, bar, mask=mask)
+    return tile_load("tma_load_multicast", LOAD_MULTICAST, dst, desc, coords, bar, mask=mask)
 
 
 def _simulate_multicast(dst, desc, coords, bar, mask):
@@ -199,7 +199,7 @@ def _simulate_multicast(dst, desc, coords, bar, mask):
             f"tma_load_multicast: the mask 0x{m:04x} names cluster rank(s) {_mask_ranks(m)}, but the CUDA "
             f"simulator runs every cluster as one CTA (rank 0, mask 0x1 = cluster_mask_all()); run this kernel "
             f"on a GPU (compute capability 9.0+) to multicast to other CTAs")
-    sim().tma_load(dst, desc, coords, bar)
+    sim_load(dst, desc, coords, bar)  # (the tile load's semantics, tma.py)
 
 
 # -- st.async --------------------------------------------------------------------------------------------------

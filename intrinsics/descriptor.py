@@ -559,12 +559,8 @@ def _sim_host(array):
 
 
 def _sim_states():
-    state = sim().block_state()
-    with sim()._lock:
-        found = getattr(state, "_numbatma_tensormaps", None)
-        if found is None:
-            found = state._numbatma_tensormaps = {}
-    return found
+    """The descriptors copied into shared buffers in the running block: shared address -> TensorMap."""
+    return sim().block_local("tensormaps")
 
 
 def _sim_store_shared(buf, tm):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._asm import Ptx
 from ._define import SIMULATING, check_descriptor_index, descriptor_address, device_op, emit_only, fail, sim
 from .descriptor import ACQUIRE
+from .mbarrier import sim_fence_inits
 
 __all__ = ["fence_mbarrier_init", "fence_proxy_async_shared_cta", "tensormap_acquire"]
 
@@ -19,7 +20,7 @@ if not SIMULATING:
     from numbatma._types import CUTENSORMAP_PTR, TensorMapArrayType
 
 
-@device_op(simulate=lambda: sim().fence_proxy_async())
+@device_op(simulate=lambda: sim_fence_proxy_async())
 def fence_proxy_async_shared_cta(typingctx):
     """``fence.proxy.async.shared::cta;`` - make this thread's ordinary writes to shared memory visible
     to the async proxy. Every thread that wrote a tile executes it before the block barrier that precedes a
@@ -27,7 +28,7 @@ def fence_proxy_async_shared_cta(typingctx):
     return types.void(), emit_only(PROXY_ASYNC_SHARED_CTA)
 
 
-@device_op(simulate=lambda: sim().fence_mbarrier_init())
+@device_op(simulate=lambda: sim_fence_mbarrier_init())
 def fence_mbarrier_init(typingctx):
     """``fence.mbarrier_init.release.cluster;`` - make preceding ``mbarrier_init`` visible to the async
     proxy and to other CTAs of the cluster. Use after initialising barriers, before the block barrier."""
@@ -55,6 +56,20 @@ def tensormap_acquire(typingctx, descs, index):
         return ptr
 
     return descs.element(descs, index), codegen
+
+
+# -- simulator semantics ----------------------------------------------------------------------------------------
+def sim_fence_proxy_async():
+    """``fence.proxy.async.shared::cta``: this thread's generic writes to shared memory become visible to the
+    async proxy (the engine's proxy-fence record), and it also orders the thread's ``mbarrier_init``."""
+    sim_fence_inits()
+    sim().proxy_fence()
+
+
+def sim_fence_mbarrier_init():
+    """``fence.mbarrier_init``: this thread's barrier initialisations become publishable (the mbarrier family
+    keeps them: a block barrier after the fence passes them on to the other threads)."""
+    sim_fence_inits()
 
 
 PTX = {

@@ -25,6 +25,8 @@ from ._define import (
     sim,
     to_i32,
 )
+from .mbarrier import sim_complete_tx
+from .tma import host_array, tile_chunks
 
 __all__ = ["tma_load_im2col"]
 
@@ -127,7 +129,7 @@ def _simulate(dst, desc, coords, offsets, bar):
                 f"{OP}: offset {int(o)} does not fit the instruction's unsigned 16-bit offset operand; offsets are "
                 f"filter taps (0, 1, ... times the dilation) added to the bounding box and the pixel position"
             )
-    src = s._host_array(desc)
+    src = host_array(desc)
     tile = gather(
         src, coords, offsets,
         lower=desc.pixel_box_lower_corner, upper=desc.pixel_box_upper_corner,
@@ -142,14 +144,14 @@ def _simulate(dst, desc, coords, offsets, bar):
             f"{OP}: the shared tile holds {dst.nbytes} bytes (C-contiguous: {dst.flags.c_contiguous}) but one load "
             f"of the descriptor occupies {footprint} bytes (shared shape {desc.shared_shape})"
         )
-    chunks = s._tile_chunks(desc, desc.channels_per_pixel * desc.dtype.itemsize, raw.size)
+    chunks = tile_chunks(desc, desc.channels_per_pixel * desc.dtype.itemsize, raw.size)
     out.reshape(-1, 16)[chunks] = raw.reshape(-1, 16)
     site = s.caller_site()
-    with s._lock:
-        b, phase = s.mbarrier_complete_tx(bar, raw.size)
+    with s.lock:
+        b, phase = sim_complete_tx(bar, raw.size)
         lo, hi = s.bounds(out)
-        s._add_fill(lo, hi, f"the tile the im2col load at {site[0]}:{site[1]} fills (coordinates {coords}, "
-                            f"offsets {offsets})", [(b, phase)])
+        s.add_fill(lo, hi, f"the tile the im2col load at {site[0]}:{site[1]} fills (coordinates {coords}, "
+                           f"offsets {offsets})", [(b, phase)])
 
 
 @device_op(simulate=_simulate)

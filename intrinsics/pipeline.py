@@ -47,7 +47,8 @@ from ._define import SIMULATING, device_op, require_int, require_literal_int, si
 from .async_copy import cp_async_mbarrier_arrive_noinc
 from .cluster import mapa_barrier, mbarrier_arrive_cluster
 from .cluster_copy import tma_load_multicast
-from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity
+from .fence import sim_fence_mbarrier_init
+from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity, sim_init
 from .tma import tma_load, tma_load_hinted
 
 __all__ = ["Pipeline"]
@@ -133,9 +134,9 @@ class SimPipeline:
             raise s.SimulatedTypingError(f"Pipeline: the number of stages must be in 1..{MAX_STAGES}, got {self.stages}")
         if s.thread_index() == 0:
             for i in range(self.stages):
-                s.mbarrier_init(self.barrier(i, "full"), producer_arrivals)
-                s.mbarrier_init(self.barrier(self.stages + i, "empty"), consumer_arrivals)
-            s.fence_mbarrier_init()  # (as the GPU code does: fence.mbarrier_init, then the block barrier)
+                sim_init(self.barrier(i, "full"), producer_arrivals)
+                sim_init(self.barrier(self.stages + i, "empty"), consumer_arrivals)
+            sim_fence_mbarrier_init()  # (as the GPU code does: fence.mbarrier_init, then the block barrier)
         s.syncthreads()
 
     def barrier(self, index, kind):

@@ -8,7 +8,11 @@ out-of-bounds elements of a load (zero or NaN, as the descriptor says) and drops
 """
 from __future__ import annotations
 
-from . import _debug
+import numpy as np
+
+from numbatma._shapes import tile_alignment
+
+from . import _debug, bulk, mbarrier
 from ._asm import Ptx
 from ._define import (
     SIMULATING,
@@ -47,11 +51,13 @@ __all__ = [
 RANKS = (1, 2, 3, 4, 5)
 
 
-def _coord_list(rank):
+def coord_list(rank):
+    """``$c0, $c1, ...``: the coordinate operands of a rank-``rank`` tensor copy (also cluster_copy.py)."""
     return ", ".join(f"$c{i}" for i in range(rank))
 
 
-def _coord_ins(rank):
+def coord_ins(rank):
+    """The b32 input operands ``c0..c{rank-1}`` of a rank-``rank`` tensor copy (also cluster_copy.py)."""
     return tuple((f"c{i}", "b32") for i in range(rank))
 
 
@@ -59,15 +65,15 @@ def _coord_ins(rank):
 LOAD_TILE = {
     r: Ptx(
         f"cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-        f"[$dst], [$tmap, {{{_coord_list(r)}}}], [$bar];",
-        ins=(("dst", "b32"), ("tmap", "b64")) + _coord_ins(r) + (("bar", "b32"),),
+        f"[$dst], [$tmap, {{{coord_list(r)}}}], [$bar];",
+        ins=(("dst", "b32"), ("tmap", "b64")) + coord_ins(r) + (("bar", "b32"),),
     )
     for r in RANKS
 }
 STORE_TILE = {
     r: Ptx(
-        f"cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group [$tmap, {{{_coord_list(r)}}}], [$src];",
-        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"),),
+        f"cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group [$tmap, {{{coord_list(r)}}}], [$src];",
+        ins=(("tmap", "b64"),) + coord_ins(r) + (("src", "b32"),),
     )
     for r in RANKS
 }
@@ -75,16 +81,16 @@ STORE_TILE = {
 LOAD_TILE_HINT = {
     r: Ptx(
         f"cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
-        f"[$dst], [$tmap, {{{_coord_list(r)}}}], [$bar], $policy;",
-        ins=(("dst", "b32"), ("tmap", "b64")) + _coord_ins(r) + (("bar", "b32"), ("policy", "b64")),
+        f"[$dst], [$tmap, {{{coord_list(r)}}}], [$bar], $policy;",
+        ins=(("dst", "b32"), ("tmap", "b64")) + coord_ins(r) + (("bar", "b32"), ("policy", "b64")),
     )
     for r in RANKS
 }
 STORE_TILE_HINT = {
     r: Ptx(
         f"cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group.L2::cache_hint "
-        f"[$tmap, {{{_coord_list(r)}}}], [$src], $policy;",
-        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"), ("policy", "b64")),
+        f"[$tmap, {{{coord_list(r)}}}], [$src], $policy;",
+        ins=(("tmap", "b64"),) + coord_ins(r) + (("src", "b32"), ("policy", "b64")),
     )
     for r in RANKS
 }
@@ -93,8 +99,8 @@ REDUCE_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
 REDUCE_TILE = {
     (op, r): Ptx(
         f"cp.reduce.async.bulk.tensor.{r}d.global.shared::cta.{op}.tile.bulk_group "
-        f"[$tmap, {{{_coord_list(r)}}}], [$src];",
-        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"),),
+        f"[$tmap, {{{coord_list(r)}}}], [$src];",
+        ins=(("tmap", "b64"),) + coord_ins(r) + (("src", "b32"),),
     )
     for op in REDUCE_OPS
     for r in RANKS
@@ -102,8 +108,8 @@ REDUCE_TILE = {
 REDUCE_TILE_HINT = {
     (op, r): Ptx(
         f"cp.reduce.async.bulk.tensor.{r}d.global.shared::cta.{op}.tile.bulk_group.L2::cache_hint "
-        f"[$tmap, {{{_coord_list(r)}}}], [$src], $policy;",
-        ins=(("tmap", "b64"),) + _coord_ins(r) + (("src", "b32"), ("policy", "b64")),
+        f"[$tmap, {{{coord_list(r)}}}], [$src], $policy;",
+        ins=(("tmap", "b64"),) + coord_ins(r) + (("src", "b32"), ("policy", "b64")),
     )
     for op in REDUCE_OPS
     for r in RANKS
@@ -131,15 +137,15 @@ _TMA_TYPE_NAMES = {
 # L2 prefetch of a box: no shared memory, no completion.
 PREFETCH_TILE = {
     r: Ptx(
-        f"cp.async.bulk.prefetch.tensor.{r}d.L2.global.tile [$tmap, {{{_coord_list(r)}}}];",
-        ins=(("tmap", "b64"),) + _coord_ins(r),
+        f"cp.async.bulk.prefetch.tensor.{r}d.L2.global.tile [$tmap, {{{coord_list(r)}}}];",
+        ins=(("tmap", "b64"),) + coord_ins(r),
     )
     for r in RANKS
 }
 PREFETCH_TILE_HINT = {
     r: Ptx(
-        f"cp.async.bulk.prefetch.tensor.{r}d.L2.global.tile.L2::cache_hint [$tmap, {{{_coord_list(r)}}}], $policy;",
-        ins=(("tmap", "b64"),) + _coord_ins(r) + (("policy", "b64"),),
+        f"cp.async.bulk.prefetch.tensor.{r}d.L2.global.tile.L2::cache_hint [$tmap, {{{coord_list(r)}}}], $policy;",
+        ins=(("tmap", "b64"),) + coord_ins(r) + (("policy", "b64"),),
     )
     for r in RANKS
 }
@@ -178,9 +184,9 @@ def _policy_operand(context, builder, sig, args, index):
     return {"policy": context.cast(builder, args[index], sig.args[index], types.uint64)}
 
 
-def _tile_load(op, ptx, dst, desc, coords, bar, policy=None, mask=None):
+def tile_load(op, ptx, dst, desc, coords, bar, policy=None, mask=None):
     """Typing checks and lowering of a tile load (``ptx`` by rank), with an L2 policy operand or a multicast
-    CTA mask (``cluster_copy.tma_load_multicast``) as the last argument if given."""
+    CTA mask (``cluster_copy.tma_load_multicast``) as the last argument if given: (signature, codegen)."""
     require_tensormap(op, desc)
     require_tile_matches(op, dst, desc)
     coords_types(op, desc, coords)
@@ -243,7 +249,7 @@ def _tile_store(op, ptx, desc, coords, src, policy=None, arg_shift=0):
     return types.void(*operands), codegen
 
 
-@device_op(simulate=lambda dst, desc, coords, bar: sim().tma_load(dst, desc, coords, bar))
+@device_op(simulate=lambda dst, desc, coords, bar: sim_load(dst, desc, coords, bar))
 def tma_load(typingctx, dst, desc, coords, bar):
     """Start a TMA load of the box at ``coords`` of ``desc`` into the shared tile ``dst``; completion is
     signalled on ``bar`` as ``desc.box_bytes`` transaction bytes.
@@ -257,10 +263,10 @@ def tma_load(typingctx, dst, desc, coords, bar):
     before waiting on ``bar``. Typing checks: ``dst`` is a shared array of the descriptor's dtype and (when
     its shape is static) exactly one box in size; ``coords`` has one integer per dimension.
     """
-    return _tile_load("tma_load", LOAD_TILE, dst, desc, coords, bar)
+    return tile_load("tma_load", LOAD_TILE, dst, desc, coords, bar)
 
 
-@device_op(simulate=lambda desc, coords, src: sim().tma_store(desc, coords, src))
+@device_op(simulate=lambda desc, coords, src: sim_store(desc, coords, src))
 def tma_store(typingctx, desc, coords, src):
     """Start a TMA store of the shared tile ``src`` to the box at ``coords`` of ``desc``, in the current
     bulk group. Emits ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group [desc, {...}], [src];``.
@@ -279,15 +285,15 @@ def tma_store(typingctx, desc, coords, src):
     return _tile_store("tma_store", STORE_TILE, desc, coords, src)
 
 
-@device_op(simulate=lambda dst, desc, coords, bar, policy: sim().tma_load(dst, desc, coords, bar))
+@device_op(simulate=lambda dst, desc, coords, bar, policy: sim_load(dst, desc, coords, bar))
 def tma_load_hinted(typingctx, dst, desc, coords, bar, policy):
     """``tma_load`` with an L2 cache policy (``policy`` from ``l2_policy_evict_first()`` etc.):
     ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint
     [dst], [desc, {...}], [bar], policy;``. Same caller guarantees as ``tma_load``."""
-    return _tile_load("tma_load_hinted", LOAD_TILE_HINT, dst, desc, coords, bar, policy)
+    return tile_load("tma_load_hinted", LOAD_TILE_HINT, dst, desc, coords, bar, policy)
 
 
-@device_op(simulate=lambda desc, coords, src, policy: sim().tma_store(desc, coords, src, "tma_store_hinted"))
+@device_op(simulate=lambda desc, coords, src, policy: sim_store(desc, coords, src, "tma_store_hinted"))
 def tma_store_hinted(typingctx, desc, coords, src, policy):
     """``tma_store`` with an L2 cache policy: ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group
     .L2::cache_hint [desc, {...}], [src], policy;``. Same caller guarantees as ``tma_store``."""
@@ -341,10 +347,223 @@ def _tile_reduce(op, ptx, kind, desc, coords, src, policy=None):
     return types.void(kind, *sig.args), codegen
 
 
+# -- simulator semantics of the tile copies ---------------------------------------------------------------------
+def host_array(desc):
+    """The NumPy array (sharing memory) behind a TensorMap's array under the simulator."""
+    return sim().numpy_of(desc.array)
+
+
+def _box_index(desc, coords):
+    """Per dimension: the element indices of the box (may be out of bounds) and the in-bounds mask."""
+    idx = []
+    for c, b, e, n in zip(coords, desc.box, desc.element_strides, desc.shape):
+        i = int(c) + e * np.arange(-(-b // e)) if e > 1 else int(c) + np.arange(b)
+        idx.append((i, (i >= 0) & (i < n)))
+    return idx
+
+
+def tile_chunks(desc, row_bytes, nbytes):
+    """Where each 16-byte chunk of the dense box (rows of ``row_bytes``) sits in the shared tile, in chunks:
+    rows narrower than the swizzle span start a whole span apart, then the swizzle permutes the chunks (the
+    simulator's byte placement of TMA loads and stores; also im2col.py's)."""
+    span = int(desc.swizzle)
+    c = np.arange(nbytes // 16)
+    if not span:
+        return c
+    if row_bytes < span:  # each row takes a whole span (hardware, scripts/probe_swizzle_pad.py)
+        per_row = row_bytes // 16
+        c = (c // per_row) * (span // 16) + c % per_row
+    return c ^ ((c >> 3) & (span // 16 - 1))
+
+
+# (operand checks the GPU build makes while typing, and the hardware's runtime rules: the words of
+# intrinsics/_define.py's typer checks, so a kernel the GPU refuses fails here the same way)
+def _numba_array_name(value):
+    dtype = getattr(value, "dtype", None)
+    ndim = getattr(value, "ndim", None)
+    if dtype is None or ndim is None:
+        return type(value).__name__
+    flags = getattr(value, "flags", None)
+    layout = "C" if flags is None or flags.c_contiguous else ("F" if flags.f_contiguous else "A")
+    return f"array({np.dtype(dtype).name}, {ndim}d, {layout})"
+
+
+def _check_tile_operands(op, tile, desc, coords, load):
+    """``tile`` a shared array of the descriptor's dtype, one integer coordinate per dimension (the typer's
+    rules); for a load the innermost start coordinate a whole number of 16 bytes, and the tile aligned as TMA
+    needs (the hardware's rules: the GPU stops the kernel with an illegal-instruction error)."""
+    s = sim()
+    if not isinstance(tile, s.SharedArray):
+        raise s.SimulatedTypingError(
+            f"{op}: the shared-memory tile must be a shared-memory array (from cuda.shared.array); got "
+            f"{_numba_array_name(tile)}, which is not known to live in shared memory (a kernel argument, a local "
+            f"array, or a value mixed from several arrays)")
+    if tile.dtype != desc.dtype and not _same_bits(tile.dtype, np.dtype(desc.dtype)):
+        raise s.SimulatedTypingError(f"{op}: the shared tile has dtype {tile.dtype} but the descriptor moves "
+                                     f"{np.dtype(desc.dtype).name} elements")
+    if len(coords) != desc.rank:
+        raise s.SimulatedTypingError(
+            f"{op}: the descriptor has rank {desc.rank} (box {tuple(desc.box)}) but {len(coords)} coordinates were "
+            f"given; pass one coordinate per dimension, in the array's own index order")
+    for c in coords:
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
+            got = np.asarray(c).dtype.name if isinstance(c, (float, np.generic)) else type(c).__name__
+            raise s.SimulatedTypingError(f"{op}: every coordinate must be an integer, got {got}")
+    itemsize = np.dtype(desc.dtype).itemsize
+    if load and not getattr(desc, "interleave", 0) and (int(coords[-1]) * itemsize) % 16:
+        step = 16 // int(np.gcd(16, itemsize))
+        raise s.SimulatedMisuse(
+            f"{op} at {_site_text()}: the innermost start coordinate of {tuple(int(c) for c in coords)} is "
+            f"{int(coords[-1])} elements of {itemsize} bytes = {int(coords[-1]) * itemsize} bytes, not a multiple of "
+            f"16 bytes; the GPU would stop the kernel with an illegal-instruction error "
+            f"(CUDA_ERROR_ILLEGAL_INSTRUCTION) on this load. Start boxes at a column that is a multiple of {step}")
+    align = tile_alignment(desc)
+    address = int(tile.__array_interface__["data"][0])
+    if address % align:
+        need = "128 bytes" if align == 128 else f"{align} bytes (the repeat of its {int(desc.swizzle)}-byte swizzle)"
+        site = getattr(tile, "__dict__", {}).get("_numbatma_site")
+        declared = getattr(tile, "__dict__", {}).get("_numbatma_alignment")
+        name = f"the shared tile {s.describe_site(site)}" if site else "the shared tile"
+        raise s.SimulatedMisuse(
+            f"{op} at {_site_text()}: {name} is at an address that is not a multiple of {need}, which TMA needs for "
+            f"this descriptor"
+            + (f" (it was declared with alignment={declared})" if declared else
+               " (declared without alignment=, it may land anywhere)" if site else "")
+            + f"; declare the buffer with alignment={align} and keep view offsets multiples of {align} bytes")
+
+
+def _same_bits(a, b):
+    """Tile and descriptor dtypes the GPU build types alike: a bfloat16 / float8 descriptor moves the bits of a
+    uint16 / uint8 tile (NumPy has no such dtype of its own)."""
+    return a.itemsize == b.itemsize and ({a.name, b.name} & {"bfloat16", "float8_e4m3fn", "float8_e5m2"}) \
+        and {a.kind, b.kind} <= {"u", "i", "V", "f"}
+
+
+def _site_text():
+    site = sim().caller_site()
+    return f"{site[0]}:{site[1]}"
+
+
+def sim_load(dst, desc, coords, bar):
+    """A tile load (also ``tma_load_multicast`` to the CTA itself): the box, with out-of-bounds elements
+    filled, lands swizzled in ``dst`` at once; its bytes complete on ``bar`` and are readable once that phase
+    is known complete."""
+    s = sim()
+    coords = (coords,) if np.isscalar(coords) else tuple(coords)
+    _check_tile_operands("tma_load", dst, desc, coords, True)
+    src = host_array(desc)
+    idx = _box_index(desc, coords)
+    shape = tuple(len(i) for i, _ in idx)
+    fill = np.nan if (getattr(desc.oob_fill, "value", desc.oob_fill) == "nan" and desc.dtype.kind == "f") else 0
+    box = np.full(shape, fill, dtype=desc.dtype)
+    inb = [m for _, m in idx]
+    sel = np.ix_(*[i[m] for i, m in idx])
+    box[np.ix_(*[np.nonzero(m)[0] for m in inb])] = src[sel]
+    raw = np.ascontiguousarray(box).view(np.uint8).reshape(-1)
+    out = np.asarray(dst).reshape(-1).view(np.uint8) if dst.flags.c_contiguous else None
+    footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
+    if out is None or out.size != footprint:
+        raise s.SimulatedMisuse(
+            f"tma_load: the shared tile holds {dst.nbytes} bytes (C-contiguous: {dst.flags.c_contiguous}) but a box "
+            f"of the descriptor occupies {footprint} bytes (shared shape {desc.shared_shape})"
+        )
+    chunks = tile_chunks(desc, box.shape[-1] * desc.dtype.itemsize, raw.size)
+    out.reshape(-1, 16)[chunks] = raw.reshape(-1, 16)
+    site = s.caller_site()
+    with s.lock:
+        b, phase = mbarrier.sim_complete_tx(bar, raw.size)
+        lo, hi = s.bounds(out)
+        fill_record = s.add_fill(lo, hi, f"the tile the TMA load at {site[0]}:{site[1]} fills (coordinates {coords})",
+                                 [(b, phase)])
+        fill_record.swizzle = int(desc.swizzle)
+
+
+def tile_load_swizzles(array):
+    """The TMA loads whose bytes ``array`` (a shared tile) currently holds: [(swizzle span, description)], for
+    readers that interpret the bytes through a swizzle of their own (wgmma descriptors)."""
+    s = sim()
+    lo, hi = s.bounds(array)
+    with s.lock:
+        return [(f.swizzle, f.what) for f in s.live_fills(lo, hi) if f.swizzle is not None]
+
+
+def sim_store(desc, coords, src_tile, op="tma_store", combine=None):
+    """A tile store (or, with ``combine(old, tile)``, a tile reduce): the tile, un-swizzled, lands in the
+    in-bounds part of the box, and clipped rows are completed to 16 bytes as on the hardware."""
+    s = sim()
+    coords = (coords,) if np.isscalar(coords) else tuple(coords)
+    _check_tile_operands(op, src_tile, desc, coords, False)
+    if desc.store_overhang and not getattr(desc, "allow_store_overhang", False):
+        # The GPU build refuses this at typing time (require_exact_store_target): same rule, same words.
+        from numbatma.tensormap import store_overhang_error
+
+        raise s.SimulatedMisuse(store_overhang_error(op, desc.dtype.name, desc.dtype.itemsize, desc.store_overhang,
+                                                     desc.shape[-1]))
+    dst = host_array(desc)
+    idx = _box_index(desc, coords)
+    shape = tuple(len(i) for i, _ in idx)
+    site = s.caller_site()
+    with s.lock:
+        lo, hi = s.bounds(src_tile)
+        s.check_store_source(lo, hi, op)
+        s.add_store_read(lo, hi, site)
+    tile = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
+    footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
+    if tile.size != footprint:
+        raise s.SimulatedMisuse(f"{op}: the shared tile holds {tile.size} bytes but a box of the descriptor "
+                                f"occupies {footprint} bytes (shared shape {desc.shared_shape})")
+    nbytes = int(np.prod(shape)) * desc.dtype.itemsize
+    raw = tile.reshape(-1, 16)[tile_chunks(desc, shape[-1] * desc.dtype.itemsize, nbytes)].reshape(-1)
+    box = raw.view(desc.dtype).reshape(shape)
+    sel = np.ix_(*[i[m] for i, m in idx])
+    part = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx])]
+    if combine is None:
+        dst[sel] = part
+        _store_overhang(desc, dst, idx, box)
+        return
+    with s.lock, np.errstate(over="ignore", invalid="ignore"):  # (each element's update is atomic on the GPU)
+        dst[sel] = combine(dst[sel], part)
+        _store_overhang(desc, dst, idx, box, combine)
+
+
+def _store_overhang(desc, dst, idx, box, combine=None):
+    """The hardware completes each innermost row a store clips to the next 16-byte boundary (see
+    ``TensorMap.store_overhang``; only reached when the TensorMap allowed it): write those bytes too, into the
+    memory that follows the row. Reduces do the same (observed on an H200): ``combine(old, tile)`` gives what
+    lands there."""
+    extra = desc.store_overhang // desc.dtype.itemsize
+    inner_ok = idx[-1][1]
+    if not extra or desc.element_strides[-1] != 1 or inner_ok.all() or not inner_ok[-1:].size or inner_ok[-1]:
+        return  # nothing clipped at the row's end
+    first = int(np.nonzero(inner_ok)[0][-1]) + 1 if inner_ok.any() else 0
+    if first == 0:
+        return  # the box lies entirely past the row: nothing is written
+    extra = min(extra, inner_ok.size - first)
+    outer = [i[m] for i, m in idx[:-1]]
+    if any(o.size == 0 for o in outer):
+        return
+    n = dst.shape[-1]
+    end = int(dst.__array_interface__["data"][0]) + sum(int(o.max()) * st for o, st in zip(outer, dst.strides)) \
+        + (n + extra) * dst.strides[-1]
+    root = dst
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    limit = sim().bounds(root)[1]
+    if end > limit:
+        raise sim().SimulatedMisuse(
+            f"tma_store at coordinates {tuple(int(i[0]) for i, _ in idx)}: the hardware completes the clipped rows "
+            f"to 16 bytes and would write {end - limit} byte(s) past the end of the destination's memory "
+            f"(TensorMap.store_overhang = {desc.store_overhang}); leave room after the last row"
+        )
+    wide = np.lib.stride_tricks.as_strided(dst, shape=dst.shape[:-1] + (n + extra,), strides=dst.strides)
+    inner_box = np.arange(first, first + extra)
+    sel = np.ix_(*outer, np.arange(n, n + extra))
+    values = box[np.ix_(*[np.nonzero(m)[0] for _, m in idx[:-1]], inner_box)]
+    wide[sel] = values if combine is None else combine(wide[sel], values)
+
+
 # -- simulator semantics of the reduce-stores and prefetches -------------------------------------------
 def _sim_coords(op, desc, coords):
-    import numpy as np
-
     coords = (coords,) if np.isscalar(coords) else tuple(coords)
     if len(coords) != desc.rank:
         raise TypeError(
@@ -354,40 +573,21 @@ def _sim_coords(op, desc, coords):
     return coords
 
 
-def _combine(kind, old, val):
-    """``old <kind> val`` elementwise with PTX semantics (NumPy arrays of the element dtype)."""
-    import numpy as np
-
-    if kind == "add":
-        return old + val  # (integers wrap around, floats round to the element type)
-    if kind in ("min", "max"):
-        if old.dtype.kind == "f" or old.dtype.name == "bfloat16":
-            # PTX min/max of floats: a NaN operand yields the other operand
-            pick = np.fmin if kind == "min" else np.fmax
-            return pick(old.astype(np.float32), val.astype(np.float32)).astype(old.dtype)
-        return np.minimum(old, val) if kind == "min" else np.maximum(old, val)
-    if kind == "inc":
-        return np.where(old >= val, old.dtype.type(0), old + old.dtype.type(1))
-    if kind == "dec":
-        return np.where((old == 0) | (old > val), val, old - old.dtype.type(1))
-    return {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[kind](old, val)
-
-
 def _sim_reduce(op, kind, desc, coords, src_tile):
     """The reduce-store happens when issued: the in-bounds part of the box in global memory becomes
     ``old <kind> tile``; the tile is recorded as read by the store until its bulk group is waited for."""
-    _sim = sim()
+    s = sim()
     error = reduce_type_error(kind, getattr(desc, "tma_dtype", None))
     if error:
         raise TypeError(f"{op}: {error}")
     coords = _sim_coords(op, desc, coords)
     if any(int(c) < 0 for c in coords):
-        raise _sim.SimulatedMisuse(
+        raise s.SimulatedMisuse(
             f"{op}: coordinates {tuple(int(c) for c in coords)} are negative; on an H200 a tile reduce with a "
             f"negative coordinate stops the kernel with an illegal-instruction error (scripts/probe_reduce.py). "
             f"Boxes may hang over the end of the tensor, not over its start."
         )
-    _sim.tma_store(desc, coords, src_tile, op, lambda old, new: _combine(kind, old, new))
+    sim_store(desc, coords, src_tile, op, lambda old, new: s.reduce_elements(kind, old, new))  # (as bulk_reduce)
 
 
 def _sim_prefetch(op, desc, coords):
@@ -474,14 +674,14 @@ def tma_prefetch_hinted(typingctx, desc, coords, policy):
     return _tile_prefetch("tma_prefetch_hinted", PREFETCH_TILE_HINT, desc, coords, policy)
 
 
-@device_op(simulate=lambda: sim().bulk_commit_group())
+@device_op(simulate=lambda: bulk.sim_commit_group())
 def bulk_commit_group(typingctx):
     """``cp.async.bulk.commit_group;`` - close the current bulk group (the TMA stores issued by this
     thread since the last commit)."""
     return types.void(), emit_only(COMMIT_GROUP)
 
 
-@device_op(prefer_literal=True, simulate=lambda n: sim().bulk_wait_group(n))
+@device_op(prefer_literal=True, simulate=lambda n: bulk.sim_wait_group(n))
 def bulk_wait_group(typingctx, n):
     """``cp.async.bulk.wait_group N;`` - wait until at most ``N`` of this thread's bulk groups are pending
     (their writes to global memory done). ``N`` is a compile-time constant in 0..63."""
@@ -489,7 +689,7 @@ def bulk_wait_group(typingctx, n):
     return types.void(n), emit_only(WAIT_GROUP, n=value)
 
 
-@device_op(prefer_literal=True, simulate=lambda n: sim().bulk_wait_group(n))
+@device_op(prefer_literal=True, simulate=lambda n: bulk.sim_wait_group(n))
 def bulk_wait_group_read(typingctx, n):
     """``cp.async.bulk.wait_group.read N;`` - wait until at most ``N`` bulk groups still *read* their shared
     source, so that shared memory may be reused. ``N`` is a compile-time constant in 0..63."""

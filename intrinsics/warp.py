@@ -56,7 +56,7 @@ def _lower_barrier(ptx):
     return codegen
 
 
-@device_op(prefer_literal=True, simulate=lambda barrier_id, threads: sim().named_barrier(barrier_id, threads, True))
+@device_op(prefer_literal=True, simulate=lambda barrier_id, threads: sim_named_barrier(barrier_id, threads, True))
 def named_barrier_sync(typingctx, barrier_id, threads):
     """Block until ``threads`` threads (a constant multiple of 32: whole warps) have reached named barrier
     ``barrier_id`` (0..15). ``bar.sync id, threads;``. Id 0 is what ``cuda.syncthreads()`` uses; give each
@@ -65,7 +65,7 @@ def named_barrier_sync(typingctx, barrier_id, threads):
     return types.void(barrier_id, threads), _lower_barrier(NAMED_BARRIER_SYNC)
 
 
-@device_op(prefer_literal=True, simulate=lambda barrier_id, threads: sim().named_barrier(barrier_id, threads, False))
+@device_op(prefer_literal=True, simulate=lambda barrier_id, threads: sim_named_barrier(barrier_id, threads, False))
 def named_barrier_arrive(typingctx, barrier_id, threads):
     """Arrive at named barrier ``barrier_id`` without waiting (the signalling side of a hand-off between
     warps). ``bar.arrive id, threads;``."""
@@ -99,6 +99,38 @@ def setmaxnreg_dec(typingctx, regs):
     warpgroup of a warp-specialized kernel (``setmaxnreg_dec(40)``). Needs ``cuda.jit(max_registers=R)``
     like ``setmaxnreg_inc``."""
     return _setmaxnreg("setmaxnreg_dec", SETMAXNREG_DEC, regs)
+
+
+# -- simulator semantics ----------------------------------------------------------------------------------------
+def sim_named_barrier(barrier_id, threads, wait):
+    """``bar.sync`` (``wait``) / ``bar.arrive`` of named barrier ``barrier_id`` for ``threads`` threads: the
+    participants share what they know (each generation of the barrier is its own knowledge pool)."""
+    s = sim()
+    named = s.block_local("named_barriers")  # id -> [arrived, generation]
+    site = s.caller_site()
+    me = s.current_thread()
+    with s.lock:
+        entry = named.setdefault(int(barrier_id), [0, 0])
+        generation = entry[1]
+        pool_key = ("named", int(barrier_id), generation)
+        s.publish_knowledge(me, pool_key)
+        entry[0] += 1
+        if entry[0] >= int(threads):
+            entry[0] = 0
+            entry[1] += 1
+            s.notify(("named", int(barrier_id)))
+    if not wait:
+        return
+
+    def ready():
+        return named[int(barrier_id)][1] != generation
+
+    def describe():
+        n = named[int(barrier_id)][0]
+        return f"named_barrier_sync({int(barrier_id)}, {int(threads)}) at {site[0]}:{site[1]}; {n} arrived"
+
+    s.wait_until(ready, describe, ("named", int(barrier_id)))
+    s.absorb_knowledge(me, pool_key)
 
 
 PTX = {

@@ -81,6 +81,7 @@ import numpy as np
 
 from ._asm import TARGETS, Ptx
 from ._define import SIMULATING, device_op, fail, require_int, require_literal_int, require_shared, sim
+from .tma import tile_load_swizzles
 
 __all__ = [
     "wgmma",
@@ -1157,7 +1158,7 @@ class SimOperand:
 def _sim_me():
     """(thread object, index of the thread in its warpgroup)."""
     s = sim()
-    return s._thread(), s.thread_index() % 128
+    return s.current_thread(), s.thread_index() % 128
 
 
 def _sim_zeros(n, dtype):
@@ -1219,7 +1220,7 @@ def _sim_desc(tile, tmap, major, mn, k):
                  f"two would disagree; declare the tile with alignment=tmap.shared_alignment and carve views at "
                  f"multiples of {repeat} bytes" if layout.swizzle else
                  "matrix descriptors address shared memory in 16-byte units"))
-    for written, what in sim().tile_load_swizzles(tile):
+    for written, what in tile_load_swizzles(tile):
         if written != (layout.swizzle or 0):
             error(f"the descriptor reads the tile {_describe_tile(tile)} with "
                   f"{_swizzle_words(layout.swizzle)} (from the TensorMap passed to wgmma_desc), but {what} wrote it "
@@ -1286,8 +1287,8 @@ def _operand_matrix(operand, rows):
     lay = operand.layout
     tile = np.asarray(operand.tile)
     lo, hi = s.bounds(tile)
-    with s._lock:
-        s._check_store_source(lo, hi, "wgmma")
+    with s.lock:
+        s.check_store_source(lo, hi, "wgmma")
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[lay.itemsize]
     raw = np.ascontiguousarray(tile).view(np.uint8).reshape(lay.groups, lay.rows, lay.pitch)
     if lay.swizzle:  # undo the swizzle: 16-byte chunk j of row r sits at j ^ (((r * pitch) >> 7) & mask)

@@ -1,5 +1,5 @@
 """CPU tests of swizzled tile views (numbatma.intrinsics.swizzle): the mapping against the simulator's TMA byte
-placement (``_sim._tile_chunks``, checked against an H200 by tests/test_gpu_swizzle_image.py) for every swizzle,
+placement (``tma.tile_chunks``, checked against an H200 by tests/test_gpu_swizzle_image.py) for every swizzle,
 element size and row width, in pure NumPy and through the lowering's own LLVM IR run on the host; the kernels
 of tests/swizzle_kernels.py compiling and linking for every target with shared loads/stores, no local memory
 and no more arithmetic than a shift, an and and an xor; misuse as typing errors in the user's terms."""
@@ -16,7 +16,7 @@ from numba.cuda import types
 
 from numbatma import TensorMap, compile as nbc
 from numbatma.intrinsics._asm import TARGETS
-from numbatma.intrinsics._sim import _tile_chunks
+from numbatma.intrinsics.tma import tile_chunks as _tile_chunks
 from numbatma.intrinsics.swizzle import SwizzledTileType, _element_index, _IrInt, swizzle_map, swizzle_offset, \
     swizzled
 

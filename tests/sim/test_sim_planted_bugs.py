@@ -352,9 +352,9 @@ def _check_bug(kernel, threads, make, exc, pattern):
 
 def numbatma_array(tmap):
     """The host array behind a TensorMap built on a host array."""
-    from numbatma.intrinsics._sim import _host_array
+    from numbatma.intrinsics.tma import host_array
 
-    return _host_array(tmap)
+    return host_array(tmap)
 
 
 def _sum_rows(host):

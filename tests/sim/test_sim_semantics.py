@@ -8,9 +8,11 @@ import numbatma
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
+    bulk_reduce,
     bulk_wait_group,
     elect_one_sync,
     fence_mbarrier_init,
+    fence_proxy_async_shared_cta,
     mbarrier_arrive,
     mbarrier_arrive_expect_tx,
     mbarrier_init,
@@ -19,6 +21,7 @@ from numbatma.intrinsics import (
     named_barrier_sync,
     shared_view,
     tma_load,
+    tma_reduce,
     tma_store,
 )
 from numbatma.intrinsics._sim import SimulatedHang
@@ -198,3 +201,50 @@ def test_phase_completes_when_every_thread_arrived():
     flags = np.zeros(2, np.bool_)
     token_and_test[1, 2](flags)
     assert flags.tolist() == [True, True]
+
+
+# -- one reduction semantics for tile reduces and bulk reduces ---------------------------------------------------
+@cuda.jit
+def tile_reduce_nan(kind, dst, new):
+    tile = cuda.shared.array((4, 16), np.float16, alignment=128)
+    t = cuda.threadIdx.x
+    tile[t // 16, t % 16] = new[t]
+    fence_proxy_async_shared_cta()
+    cuda.syncthreads()
+    if t == 0:
+        tma_reduce(kind, dst, (0, 0), tile)
+        bulk_commit_group()
+        bulk_wait_group(0)
+
+
+@cuda.jit
+def bulk_reduce_nan(kind, dst, new):
+    tile = cuda.shared.array(64, np.float16, alignment=128)
+    t = cuda.threadIdx.x
+    tile[t] = new[t]
+    fence_proxy_async_shared_cta()
+    cuda.syncthreads()
+    if t == 0:
+        bulk_reduce(kind, dst, tile)
+        bulk_commit_group()
+        bulk_wait_group(0)
+
+
+@pytest.mark.parametrize("kind", ["min", "max"])
+def test_tile_and_bulk_reduces_agree_on_nan_operands(kind):
+    """tma_reduce and bulk_reduce share one element-wise reduction (_sim.reduce_elements): min/max of floats
+    return the non-NaN operand (np.fmin / np.fmax; PTX min/max without .NaN - a GPU probe of NaN operands
+    is still pending), NaN only when both are NaN."""
+    nan = np.float16(np.nan)
+    pairs = [(nan, 1.5), (-2.0, nan), (nan, nan), (3.0, -4.0), (-0.5, 0.25), (np.inf, nan), (nan, -np.inf),
+             (7.0, 7.0)]
+    old = np.array([pairs[i % len(pairs)][0] for i in range(64)], np.float16)
+    new = np.array([pairs[i % len(pairs)][1] for i in range(64)], np.float16)
+    tiled = old.reshape(4, 16).copy()
+    tile_reduce_nan[1, 64](kind, numbatma.TensorMap(tiled, (4, 16)), new)
+    flat = old.copy()
+    bulk_reduce_nan[1, 64](kind, flat, new)
+    want = (np.fmin if kind == "min" else np.fmax)(old, new)
+    assert np.isnan(want).sum() == 64 // len(pairs)  # (only where both operands are NaN)
+    np.testing.assert_array_equal(tiled.reshape(-1), want)
+    np.testing.assert_array_equal(flat, want)

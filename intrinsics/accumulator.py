@@ -1,0 +1,180 @@
+"""Element-wise maps and row reductions over wgmma accumulators, in registers: the softmax of attention, masks,
+per-row rescaling - any arithmetic on the fragment a thread holds, written as a plain device function.
+
+A float32 m64nN accumulator (``wgmma_zeros(N)``) gives thread ``t`` of the warpgroup (warp ``w = t // 32``,
+lane ``l``, ``g = l // 4``, ``q = l % 4``) two rows of the tile: row ``16 w + g`` (its *row half* 0) and row
+``16 w + g + 8`` (row half 1), ``N / 4`` columns each; register ``i`` is row half ``(i // 2) % 2``, column
+``8 (i // 4) + 2 q + i % 2`` (:func:`numbatma.intrinsics.wgmma_row_col`). The four threads of a quad
+(``q = 0..3``) hold the whole of their two rows.
+
+* ``wgmma_map(acc, fn, extra)``: a new accumulator whose register ``i`` is ``fn(acc[i], half, col, extra)`` -
+  ``half`` the register's row half (a constant after inlining: ``m0 if half == 0 else m1`` costs nothing),
+  ``col`` its column in the tile, ``extra`` whatever the kernel passes (a number, a tuple). ``fn`` is a
+  ``cuda.jit(device=True)`` function (inlined: no call); its result is converted to float32.
+* ``wgmma_row_reduce(acc, fn, init)``: ``(row_half_0, row_half_1)``: ``fn`` folded over the thread's registers
+  of each row half starting from ``init``, then over the quad (two ``shfl.sync.bfly`` steps), so every thread
+  gets the reduction over its whole rows of the tile. ``fn(a, b)`` must be associative and commutative
+  (``max``, ``+``).
+
+Online softmax in a few lines (``scale_log2 = scale * log2(e)``)::
+
+    @cuda.jit(device=True, inline="always")
+    def fmax(a, b):
+        return max(a, b)
+
+    @cuda.jit(device=True, inline="always")
+    def exp2_shifted(s, half, col, st):          # st = (scale_log2, m0, m1)
+        return exp2(s * st[0] - (st[1] if half == 0 else st[2]))
+
+    r0, r1 = wgmma_row_reduce(s_acc, fmax, -inf)
+    m0, m1 = max(m0, r0 * scale_log2), max(m1, r1 * scale_log2)
+    p = wgmma_map(s_acc, exp2_shifted, (scale_log2, m0, m1))
+
+What the caller guarantees: the accumulator has been returned by the wait that covers its wgmma (the
+simulator reports a read before it); every thread of the warp calls ``wgmma_row_reduce`` together (its
+shuffles are ``.sync`` with a full mask); 1-D blocks (the lane is ``%laneid``). Emits only the arithmetic
+``fn`` compiles to, plus ``shfl.sync.bfly.b32`` (reduce) and ``mov.u32 %laneid`` (map); every target.
+
+Under the CUDA simulator both run ``fn`` in Python on the thread's registers (float32 results) and exchange
+the quad's values through the simulator's warp shuffle.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._asm import Ptx
+from ._define import SIMULATING, device_op, fail, sim
+from .wgmma import wgmma_row_col  # noqa: F401  (the layout the docstring describes)
+
+__all__ = ["wgmma_map", "wgmma_row_reduce"]
+
+_LANE = Ptx("mov.u32 $lane, %laneid;", out=("lane", "b32"), memory=False, min_sm=20)
+_SHFL_BFLY = Ptx("shfl.sync.bfly.b32 $out, $value, $lanemask, 0x1f, 0xffffffff;", ins=(("value", "b32"),),
+                 imm=("lanemask",), out=("out", "b32"), memory=False, min_sm=70)
+
+PTX = {"wgmma_map": _LANE, "wgmma_row_reduce": _SHFL_BFLY}
+
+
+def _half(i):
+    """Row half (0: row g, 1: row g + 8) of register ``i`` of a float32 accumulator."""
+    return (i // 2) % 2
+
+
+def _column(i, lane):
+    return 8 * (i // 4) + 2 * (lane % 4) + i % 2
+
+
+if not SIMULATING:
+    from llvmlite import ir
+    from numba.cuda import types
+
+    from .wgmma import WgmmaAccumulatorType
+
+    I32 = ir.IntType(32)
+    F32 = ir.FloatType()
+
+    def _f32_accumulator(op, acc):
+        if not isinstance(acc, WgmmaAccumulatorType) or acc.dtype != "f32":
+            fail(op, f"expected a float32 wgmma accumulator (from wgmma_zeros), got {acc}")
+
+    def _resolve(op, typingctx, fn, argtypes, what):
+        """The signature of the device function ``fn`` for ``argtypes`` (a typing error naming ``what``)."""
+        if not isinstance(fn, (types.Dispatcher, types.Function)):
+            fail(op, f"fn must be a cuda.jit(device=True) function {what}, got {fn}")
+        try:
+            sig = typingctx.resolve_function_type(fn, argtypes, {})
+        except Exception as exc:  # noqa: BLE001 - the device function's own typing error, summarised
+            fail(op, f"fn {what} does not compile for arguments {argtypes}: {str(exc).splitlines()[0]}")
+        if sig is None:
+            fail(op, f"fn {what} cannot be called with arguments {argtypes}")
+        if not isinstance(sig.return_type, (types.Float, types.Integer, types.Boolean)):
+            fail(op, f"fn {what} must return a number, returns {sig.return_type}")
+        return sig
+
+    def _call(context, builder, fn, sig, args):
+        impl = context.get_function(fn, sig)
+        return context.cast(builder, impl(builder, args), sig.return_type, types.float32)
+
+
+@device_op(simulate=lambda acc, fn, extra: _sim_map(acc, fn, extra))
+def wgmma_map(typingctx, acc, fn, extra):
+    """A new float32 accumulator: register ``i`` becomes ``fn(acc[i], half, col, extra)`` (see the module
+    docstring: ``half`` is the register's row half, 0 or 1, ``col`` its column in the m64nN tile). ``fn`` is a
+    ``cuda.jit(device=True)`` function, inlined per register. Call after the covering wait; fence
+    (``wgmma_fence``) before a wgmma accumulates into the result."""
+    op = "wgmma_map"
+    _f32_accumulator(op, acc)
+    sig_fn = _resolve(op, typingctx, fn, (types.float32, types.int32, types.int32, extra),
+                      "taking (value, half, col, extra)")
+
+    def codegen(context, builder, sig, args):
+        lane = _LANE.emit(builder)
+        base = builder.shl(builder.and_(lane, ir.Constant(I32, 3)), ir.Constant(I32, 1))  # 2 q
+        out = args[0]
+        for i in range(acc.count):
+            col = builder.add(base, ir.Constant(I32, 8 * (i // 4) + i % 2))
+            value = _call(context, builder, fn, sig_fn,
+                          (builder.extract_value(args[0], i), ir.Constant(I32, _half(i)), col, args[2]))
+            out = builder.insert_value(out, value, i)
+        return out
+
+    return acc(acc, fn, extra), codegen
+
+
+@device_op(simulate=lambda acc, fn, init: _sim_row_reduce(acc, fn, init))
+def wgmma_row_reduce(typingctx, acc, fn, init):
+    """``(r0, r1)``, float32: ``fn`` folded from ``init`` over the thread's registers of row half 0 and of row
+    half 1, then across the four threads of the quad (``shfl.sync.bfly.b32`` with lane masks 1 and 2), so that
+    every thread holds the reduction over its two whole rows of the m64nN tile. ``fn(a, b)``: a
+    ``cuda.jit(device=True)`` function, associative and commutative. All 32 lanes of the warp call it together."""
+    op = "wgmma_row_reduce"
+    _f32_accumulator(op, acc)
+    if not isinstance(init, (types.Float, types.Integer)):
+        fail(op, f"init must be a number, got {init}")
+    sig_fn = _resolve(op, typingctx, fn, (types.float32, types.float32), "taking (a, b)")
+    result = types.UniTuple(types.float32, 2)
+
+    def codegen(context, builder, sig, args):
+        start = context.cast(builder, args[2], sig.args[2], types.float32)
+        rows = [start, start]
+        for i in range(acc.count):
+            h = _half(i)
+            rows[h] = _call(context, builder, fn, sig_fn, (rows[h], builder.extract_value(args[0], i)))
+        for mask in (1, 2):
+            for h in (0, 1):
+                other = _SHFL_BFLY.emit(builder, value=builder.bitcast(rows[h], I32), lanemask=mask)
+                rows[h] = _call(context, builder, fn, sig_fn, (rows[h], builder.bitcast(other, F32)))
+        return context.make_tuple(builder, result, rows)
+
+    return result(acc, fn, init), codegen
+
+
+# -- simulator semantics ---------------------------------------------------------------------------------------
+def _sim_accumulator(op, acc):
+    from .wgmma import SimAccumulator
+
+    if not isinstance(acc, SimAccumulator) or acc.dtype != "f32":
+        raise sim().SimulatedMisuse(f"{op}: expected a float32 wgmma accumulator (from wgmma_zeros)")
+    acc._ready(f"{op} reads")
+
+
+def _sim_map(acc, fn, extra):
+    _sim_accumulator("wgmma_map", acc)
+    lane = sim().thread_index() % 32
+    values = acc.values.copy()
+    for i in range(values.size):
+        values[i] = np.float32(fn(np.float32(acc.values[i]), _half(i), _column(i, lane), extra))
+    return acc.copy(values=values, fenced=False)
+
+
+def _sim_row_reduce(acc, fn, init):
+    s = sim()
+    _sim_accumulator("wgmma_row_reduce", acc)
+    rows = [np.float32(init), np.float32(init)]
+    for i in range(acc.values.size):
+        h = _half(i)
+        rows[h] = np.float32(fn(rows[h], np.float32(acc.values[i])))
+    for mask in (1, 2):
+        for h in (0, 1):
+            rows[h] = np.float32(fn(rows[h], np.float32(s.shfl_xor(0xFFFFFFFF, rows[h], mask))))
+    return rows[0], rows[1]
