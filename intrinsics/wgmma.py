@@ -338,6 +338,39 @@ if not SIMULATING:
         def __init__(self, dmm, fe_type):
             super().__init__(dmm, fe_type, I64)
 
+    class WgmmaOperandRangeType(types.Type):
+        """The k-steps ``k0, k0 + K, ..., < k1`` of one wgmma operand (``wgmma_desc(..., k=(k0, k1))``): the
+        descriptor of the first step (64 bits) and the compile-time layout, ``k0`` and ``k1``; ``wgmma`` issues one
+        instruction per step, back to back."""
+
+        def __init__(self, layout, mn, k0, k1):
+            self.layout = layout
+            self.mn, self.k0, self.k1 = mn, k0, k1
+            self.kstep = KINDS[layout.kind][0]
+            self.count = (k1 - k0) // self.kstep
+            where = f", at mn={mn}" if mn is not None else ""
+            super().__init__(name=f"wgmma_operand_range({layout!r}{where}, k={k0}..{k1})")
+
+        def step(self, i):
+            """The single operand of step ``i``."""
+            return WgmmaOperandType(self.layout, self.mn, self.k0 + i * self.kstep)
+
+        def advance(self, i):
+            """What step ``i`` adds to the first step's descriptor (its start address field, 16-byte units)."""
+            lay = self.layout
+            return (lay.byte_offset(0, self.k0 + i * self.kstep) - lay.byte_offset(0, self.k0)) >> 4
+
+        @property
+        def key(self):
+            lay = self.layout
+            return (lay.kind, lay.major, lay.swizzle, lay.groups, lay.rows, lay.width, lay.itemsize, self.mn,
+                    self.k0, self.k1)
+
+    @register_model(WgmmaOperandRangeType)
+    class _OperandRangeModel(models.PrimitiveModel):
+        def __init__(self, dmm, fe_type):
+            super().__init__(dmm, fe_type, I64)
+
     @infer
     class _AccumulatorStaticGetItem(AbstractTemplate):
         key = "static_getitem"
@@ -483,6 +516,20 @@ def _offset_value(op, what, ty, step):
     return None
 
 
+def _k_range(op, k, kstep, layout):
+    """``(k0, k1)`` of a ``k=(k0, k1)`` pair of constants, checked against the k-step and the operand."""
+    if len(k) != 2 or not all(isinstance(t, types.IntegerLiteral) for t in k):
+        fail(op, f"k must be an integer or a pair of constants (k0, k1) - the k-steps k0, k0 + {kstep}, ... < k1 for "
+                 f"one wgmma call to issue back to back -, got {k}")
+    k0, k1 = (t.literal_value for t in k)
+    if k0 < 0 or k0 % kstep or k1 <= k0 or (k1 - k0) % kstep:
+        fail(op, f"k=({k0}, {k1}): k0 and k1 - k0 must be non-negative multiples of the {layout.kind} k-step "
+                 f"{kstep}, with k1 > k0")
+    if k1 > layout.k_extent:
+        fail(op, f"k=({k0}, {k1}) reaches past the operand's K extent {layout.k_extent}")
+    return k0, k1
+
+
 @device_op(prefer_literal=True, simulate=lambda tile, tmap, major, mn, k: _sim_desc(tile, tmap, major, mn, k))
 def wgmma_desc(typingctx, tile, tmap, major, mn, k):
     """The shared-memory matrix descriptor of the wgmma operand that starts at element ``(mn, k)`` of the
@@ -493,7 +540,11 @@ def wgmma_desc(typingctx, tile, tmap, major, mn, k):
     everything but the address is a constant of the types. No PTX: integer arithmetic.
 
     ``mn``: a multiple of 8 (K-major) or of the box width (MN-major) - e.g. ``64 * warpgroup`` for A;
-    ``k``: a multiple of the instruction's K (16 for bf16/f16, 8 tf32, 32 float8). Typing errors: a tile that
+    ``k``: a multiple of the instruction's K (16 for bf16/f16, 8 tf32, 32 float8) - or a pair of constants
+    ``(k0, k1)``: the *range* of k-steps ``k0, k0 + K, ..., < k1``, which one :func:`wgmma` call issues back to
+    back (``wgmma(acc, wgmma_desc(a, a_map, "K", row, (0, 128)), wgmma_desc(b, b_map, "K", 0, (0, 128)), 1)``:
+    eight instructions for bf16; a Python loop of single steps is not always unrolled, and a loop around wgmma
+    makes ptxas wait after each). Typing errors: a tile that
     is not the TensorMap's box (or a stack of boxes), rows that are not exactly the swizzle span, a kind
     that cannot be MN-major, offsets off the grid.
 
@@ -513,19 +564,26 @@ def wgmma_desc(typingctx, tile, tmap, major, mn, k):
     kstep = KINDS[layout.kind][0]
     mn_step = 8 if major_value == "K" else layout.width
     mn_value = _offset_value(op, "mn", mn, mn_step)
-    k_value = _offset_value(op, "k", k, kstep)
+    k_range = _k_range(op, k, kstep, layout) if isinstance(k, types.BaseTuple) else None
+    k_value = _offset_value(op, "k", k, kstep) if k_range is None else k_range[0]
     if mn_value is not None and mn_value >= layout.mn_extent:
         fail(op, f"mn={mn_value} lies outside the operand ({layout.mn_extent} elements along M/N)")
     if k_value is not None and k_value + kstep > layout.k_extent:
         fail(op, f"k={k_value}: a {layout.kind} k-step of {kstep} does not fit the operand's K extent "
                  f"{layout.k_extent}")
-    result = WgmmaOperandType(layout, mn_value, k_value)
+    if k_range is None:
+        result = WgmmaOperandType(layout, mn_value, k_value)
+    else:
+        result = WgmmaOperandRangeType(layout, mn_value, *k_range)
     fields = descriptor_fields(layout)
 
     def codegen(context, builder, sig, args):
         base = shared_address(context, builder, sig.args[0], args[0])
         mn_v = context.cast(builder, args[3], sig.args[3], types.int32)
-        k_v = context.cast(builder, args[4], sig.args[4], types.int32)
+        if k_range is None:
+            k_v = context.cast(builder, args[4], sig.args[4], types.int32)
+        else:
+            k_v = ir.Constant(I32, k_range[0])
         c = lambda v: ir.Constant(I32, v)  # noqa: E731
         if layout.major == "K":
             off = builder.mul(mn_v, c(layout.pitch))
@@ -592,9 +650,19 @@ def wgmma(typingctx, acc, a, b, scale_d):
     majors (MN-major = 1). ``acc`` is tied in and out; N comes from the accumulator's type, the kinds from the
     operands'. ``a``: a :func:`wgmma_desc` operand, or a register fragment (four uint32: 8 bf16/f16 or 4 tf32
     values per thread, the A fragment layout of the PTX ISA). ``b``: a :func:`wgmma_desc` operand with at least
-    N columns. The returned accumulator must not be read before :func:`wgmma_wait_group` returns it."""
+    N columns. The returned accumulator must not be read before :func:`wgmma_wait_group` returns it.
+
+    **Ranges**: with ``b`` a range of k-steps (``wgmma_desc(..., k=(k0, k1))``) and ``a`` a range of as many
+    steps or a tuple of as many register fragments (``wgmma_a_fragments``), one call issues every step back to
+    back - ``scale_d`` applies to the first, the others accumulate - with descriptors advanced by constants."""
     op = "wgmma"
-    a_source, akind, bkind, la, lb = _check_operands(op, acc, a, b)
+    steps = _range_steps(op, a, b)
+    if steps is None:
+        a_source, akind, bkind, la, lb = _check_operands(op, acc, a, b)
+    else:
+        for i in range(steps):  # every step: the same instruction, each on its own k-slice
+            a_i = a.step(i) if isinstance(a, WgmmaOperandRangeType) else a.dtype
+            a_source, akind, bkind, la, lb = _check_operands(op, acc, a_i, b.step(i))
     if not isinstance(scale_d, types.Boolean):
         require_int(op, "scale_d", scale_d)
     ptx = MMA[(acc.n, acc.dtype, akind, bkind, a_source)]
@@ -606,14 +674,41 @@ def wgmma(typingctx, acc, a, b, scale_d):
 
     def codegen(context, builder, sig, args):
         scale = context.cast(builder, args[3], sig.args[3], types.int32)
-        operands = dict(d=args[0], b_desc=args[2], scale_d=scale, **imm)
-        if a_source == "smem":
-            operands["a_desc"] = args[1]
-        else:
-            operands["a"] = args[1]
-        return _as_array(builder, ptx.emit(builder, **operands), acc)
+        d = args[0]
+        for i in range(steps or 1):
+            if steps is None:
+                a_i, b_i = args[1], args[2]
+            else:  # step i: the first step's descriptors advanced by constants; register A: fragment i
+                b_i = builder.add(args[2], ir.Constant(I64, b.advance(i)))
+                a_i = (builder.add(args[1], ir.Constant(I64, a.advance(i))) if a_source == "smem"
+                       else builder.extract_value(args[1], i))
+            operands = dict(d=d, b_desc=b_i, scale_d=scale if i == 0 else ir.Constant(I32, 1), **imm)
+            operands["a_desc" if a_source == "smem" else "a"] = a_i
+            d = _as_array(builder, ptx.emit(builder, **operands), acc)
+        return d
 
     return acc(acc, a, b, scale_d), codegen
+
+
+def _range_steps(op, a, b):
+    """None for single operands; else the number of k-steps of a range call (B a ``k=(k0, k1)`` range; A a
+    range of the same length or a tuple of as many register fragments)."""
+    a_frags = isinstance(a, types.UniTuple) and _is_fragment(a.dtype)
+    if not isinstance(b, WgmmaOperandRangeType):
+        if isinstance(a, WgmmaOperandRangeType) or a_frags:
+            fail(op, f"A covers several k-steps ({a}) but B is a single k-step ({b}): give B as a range too "
+                     f"(wgmma_desc(..., k=(k0, k1)))")
+        return None
+    if isinstance(a, WgmmaOperandRangeType):
+        count = a.count
+    elif a_frags:
+        count = a.count
+    else:
+        fail(op, f"B covers {b.count} k-steps ({b}); A must be a range of as many (wgmma_desc(..., k=(k0, k1))) or a "
+                 f"tuple of {b.count} register fragments (wgmma_a_fragments), got {a}")
+    if count != b.count:
+        fail(op, f"A covers {count} k-steps but B {b.count}: one wgmma call multiplies matching k-slices")
+    return count
 
 
 @device_op(simulate=lambda acc: _sim_fence(acc))
@@ -1155,6 +1250,16 @@ class SimOperand:
         self.tile, self.layout, self.mn, self.k, self.site = tile, layout, int(mn), int(k), site
 
 
+class SimOperandRange:
+    """A range of k-steps of a wgmma operand under the simulator (``wgmma_desc(..., k=(k0, k1))``)."""
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def __len__(self):
+        return len(self.steps)
+
+
 def _sim_me():
     """(thread object, index of the thread in its warpgroup)."""
     s = sim()
@@ -1228,6 +1333,12 @@ def _sim_desc(tile, tmap, major, mn, k):
                   f"wgmma would read scrambled rows. Pass the TensorMap that loaded the tile")
     kstep = KINDS[layout.kind][0]
     mn_step = 8 if layout.major == "K" else layout.width
+    if isinstance(k, tuple):  # a range of k-steps: one operand per step
+        if len(k) != 2 or int(k[0]) < 0 or int(k[0]) % kstep or int(k[1]) <= int(k[0]) \
+                or (int(k[1]) - int(k[0])) % kstep or int(k[1]) > layout.k_extent:
+            error(f"k=({k[0]}, {k[1]}) must be a range of whole {layout.kind} k-steps of {kstep} inside the operand's "
+                  f"K extent {layout.k_extent}")
+        return SimOperandRange([_sim_desc(tile, tmap, major, mn, k0) for k0 in range(int(k[0]), int(k[1]), kstep)])
     mn, k = int(mn), int(k)
     if mn < 0 or mn % mn_step or mn >= layout.mn_extent:
         error(f"mn must be a non-negative multiple of {mn_step} inside the operand's {layout.mn_extent} elements "
@@ -1333,6 +1444,8 @@ def _register_a_matrix(contributions, kind):
 
 
 def _sim_mma(acc, a, b, scale_d):
+    if isinstance(b, SimOperandRange) or isinstance(a, SimOperandRange):
+        return _sim_mma_range(acc, a, b, scale_d)
     s = sim()
     me, t = _sim_me()
     site = s.caller_site()
@@ -1402,6 +1515,26 @@ def _sim_mma(acc, a, b, scale_d):
                 (hi.astype(np.float16).view(np.uint16).astype(np.uint32) << 16)
     group = me.__dict__.get("_numbatma_wgmma_commits", 0)
     return acc.copy(values=np.asarray(values, acc.values.dtype), fenced=True, group=group, site=site)
+
+
+def _sim_mma_range(acc, a, b, scale_d):
+    """The steps of a range call in order: the first with ``scale_d``, the others accumulating."""
+    s = sim()
+    if not isinstance(b, SimOperandRange):
+        raise s.SimulatedMisuse("wgmma: A covers several k-steps but B is a single k-step: give B as a range too "
+                                "(wgmma_desc(..., k=(k0, k1)))")
+    if isinstance(a, SimOperandRange):
+        a_steps = a.steps
+    elif isinstance(a, tuple) and a and all(_is_fragment_value(f) for f in a):
+        a_steps = list(a)
+    else:
+        raise s.SimulatedMisuse(f"wgmma: B covers {len(b)} k-steps; A must be a range of as many "
+                                f"(wgmma_desc(..., k=(k0, k1))) or a tuple of {len(b)} register fragments")
+    if len(a_steps) != len(b):
+        raise s.SimulatedMisuse(f"wgmma: A covers {len(a_steps)} k-steps but B {len(b)}")
+    for i, (a_i, b_i) in enumerate(zip(a_steps, b.steps)):
+        acc = _sim_mma(acc, a_i, b_i, scale_d if i == 0 else 1)
+    return acc
 
 
 def _sim_commit():

@@ -1,6 +1,7 @@
 """numbatma.kernels: ready-made TMA and tensor-core kernels built only on numbatma's public API."""
 from ._launch import persistent_grid, sm_count
 from ._plan import Plan
+from .attention import Attention, AttentionConfig, attention
 from .copy import TmaCopy, default_box, tma_copy
 from .gemm import Gemm, GemmConfig, gemm
 from .rows import RowSum, Softmax, row_sum, softmax
@@ -10,6 +11,7 @@ from .transpose import Transpose, transpose
 
 __all__ = [
     "Plan", "persistent_grid", "sm_count",
+    "Attention", "AttentionConfig", "attention",
     "TmaCopy", "default_box", "tma_copy",
     "Gemm", "GemmConfig", "gemm",
     "RowSum", "Softmax", "row_sum", "softmax",

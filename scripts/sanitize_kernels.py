@@ -15,7 +15,7 @@ from numba import cuda
 
 import numbatma
 
-from numbatma.kernels import (Axpy, Gemm, Laplacian5, RowSum, Softmax, StreamCopy, Transpose, _launch,
+from numbatma.kernels import (Attention, Axpy, Gemm, Laplacian5, RowSum, Softmax, StreamCopy, Transpose, _launch,
                               tma_copy)
 
 RNG = np.random.default_rng(0)
@@ -139,6 +139,24 @@ def main():
             check(f"Gemm {layout} {options}", c.copy_to_host().astype(np.float64), ref, rtol=2e-2, atol=5e-2)
         return run
 
+    def attention(causal):
+        def run():
+            import sys as _sys
+            import os as _os
+
+            _sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))
+            from attention_reference import attention_reference
+
+            q, k, v = (data(s, np.float16) for s in ((1, 2, 100, 64), (1, 1, 70, 64), (1, 1, 70, 64)))
+            o = cuda.to_device(np.full(q.shape, np.nan, np.float16))
+            plan = Attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), o, causal=causal, bn=64)
+            _, lse = plan.launch()
+            cuda.synchronize()
+            ref, ref_lse = attention_reference(q, k, v, causal, plan.scale)
+            check(f"Attention causal={causal}", o.copy_to_host().astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+            check(f"Attention causal={causal} lse", lse.copy_to_host().astype(np.float64), ref_lse, rtol=1e-3, atol=1e-3)
+        return run
+
     case("tma_copy", copy)
     case("StreamCopy", stream(False))
     case("StreamCopy two roles", stream(True))
@@ -149,6 +167,8 @@ def main():
     case("Gemm nk", gemm("nk"))
     case("Gemm kn", gemm("kn"))
     case("Gemm nk not warp-specialized", gemm("nk", warp_specialized=False))
+    case("Attention", attention(False))
+    case("Attention causal", attention(True))
     if not numbatma.SIMULATING:  # (the simulator runs one-CTA clusters only)
         case("Gemm nk cluster of 2", gemm("nk", cluster_m=2))
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all kernels OK'}", flush=True)

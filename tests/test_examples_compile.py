@@ -100,3 +100,29 @@ def test_gemm_example_runs_in_the_simulator_without_a_gpu():
     out = subprocess.run([sys.executable, str(EXAMPLES / "gemm.py")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "(CUDA simulator): OK, matches float64 dot products" in out.stdout
+
+
+def test_flash_attention_example_compiles_to_back_to_back_hgmma_without_local_memory():
+    m = load("flash_attention")
+    shape = (2, 4, 1024, m.D)
+    q, k, v, o = (FakeCudaArray(shape, np.float16, ptr=1 << p) for p in (20, 30, 34, 36))
+    maps = [numbatma.TensorMap(x, (1, 1, rows, 64), swizzle=128) for x, rows in ((q, 64), (k, m.BN), (v, m.BN), (o, 64))]
+    sass = nbc.sass(nbc.compile_cubin(m.attention_kernel.py_func, (*maps, 4, 1024, np.float32(0.1)),
+                                      max_registers=m.MAX_REGISTERS))
+    ops = [line.split("*/")[1].split()[0] for line in sass.splitlines()
+           if "*/" in line and ("HGMMA" in line or "WARPGROUP.DEPBAR" in line)]
+    # QKᵀ: eight k-steps of 64 x 128 x 16, then one wait; PV: eight of 64 x 128 x 16 with A from registers, one wait
+    assert ops == ["HGMMA.64x128x16.F32"] * 8 + ["WARPGROUP.DEPBAR.LE"] + ["HGMMA.64x128x16.F32"] * 8 \
+        + ["WARPGROUP.DEPBAR.LE"], ops
+    assert "STL" not in sass and "LDL" not in sass and sass.count("USETMAXREG") == 2 and "UTMASTG.4D" in sass
+
+
+def test_flash_attention_example_runs_in_the_simulator_without_a_gpu():
+    from gpuinfo import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("a GPU is present")
+    out = subprocess.run([sys.executable, str(EXAMPLES / "flash_attention.py")], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "head dim 128: OK" in out.stdout

@@ -459,8 +459,49 @@ def _store_f16acc(tile, a_map, b_map, out):
     wgmma_store(wgmma_zeros_f16(64), tile, a_map, 0, 0)
 
 
+def _range_odd(tile, a_map, b_map, out):
+    wgmma_desc(tile, a_map, "K", 0, (0, 24))
+
+
+def _range_past(tile, a_map, b_map, out):
+    wgmma_desc(tile, a_map, "K", 0, (0, 128))
+
+
+def _range_runtime(tile, a_map, b_map, out):
+    wgmma_desc(tile, a_map, "K", 0, (0, out.shape[0]))
+
+
+def _range_b_single(tile, a_map, b_map, out):
+    acc = wgmma(wgmma_zeros(64), wgmma_desc(tile, a_map, "K", 0, (0, 64)), wgmma_desc(tile, b_map, "K", 0, 0), 1)
+    out[0] = acc[0]
+
+
+def _range_counts(tile, a_map, b_map, out):
+    acc = wgmma(wgmma_zeros(64), wgmma_desc(tile, a_map, "K", 0, (0, 32)), wgmma_desc(tile, b_map, "K", 0, (0, 64)),
+                1)
+    out[0] = acc[0]
+
+
+def _range_fragments(tile, a_map, b_map, out):
+    p = wgmma_a_fragments(wgmma_zeros(32), "bf16")  # two fragments
+    acc = wgmma(wgmma_zeros(64), p, wgmma_desc(tile, b_map, "MN", 0, (0, 64)), 1)
+    out[0] = acc[0]
+
+
 MISUSE = [
     # (name, tile dtype, tile shape, body, A map, B map, out type, message fragments)
+    ("range off the grid", np.uint16, (64, 64), _range_odd, BF16_K, BF16_K, f32[::1],
+     ["k=(0, 24): k0 and k1 - k0 must be non-negative multiples of the bf16 k-step 16"]),
+    ("range past the tile", np.uint16, (64, 64), _range_past, BF16_K, BF16_K, f32[::1],
+     ["k=(0, 128) reaches past the operand's K extent 64"]),
+    ("range not constant", np.uint16, (64, 64), _range_runtime, BF16_K, BF16_K, f32[::1],
+     ["k must be an integer or a pair of constants (k0, k1)"]),
+    ("range A, single B", np.uint16, (64, 64), _range_b_single, BF16_K, BF16_K, f32[::1],
+     ["but B is a single k-step", "give B as a range too"]),
+    ("range lengths", np.uint16, (64, 64), _range_counts, BF16_K, BF16_K, f32[::1],
+     ["A covers 2 k-steps but B 4"]),
+    ("fragments vs range", np.uint16, (64, 64), _range_fragments, BF16_K, BF16_K, f32[::1],
+     ["A covers 2 k-steps but B 4"]),
     ("swizzle rows", np.uint16, (64, 64), _mma_k64, fake_map((64, 64), "bf16", (64, 32), 128), BF16_K, f32[::1],
      ["the TensorMap's box rows are 64 bytes but its 128-byte swizzle needs rows of exactly 128 bytes",
       "Use a 64-byte swizzle or a box 64 elements wide"]),
@@ -561,3 +602,30 @@ def test_fp8_pairs_and_register_a_compile():
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.f16\.f16 \{[^}]*\}, \{%r\d+, %r\d+, %r\d+, "
                      r"%r\d+\}, %rd\d+, p, 1, 1, 0;", ptx)
     assert ".local" not in ptx
+
+
+def test_k_ranges_issue_every_step_back_to_back():
+    """One wgmma call over k=(0, 64) of a 64 x 64 bf16 tile: four HGMMA, no wait between them; the descriptors
+    advance by 32 bytes (2 in the 16-byte start-address field) per k-step; register A as a tuple of fragments."""
+    def kernel(a_map, b_map, out):
+        a = cuda.shared.array((64, 64), np.uint16, alignment=1024)
+        b = cuda.shared.array((64, 64), np.uint16, alignment=1024)
+        acc = wgmma_fence(wgmma_zeros(64))
+        acc = wgmma(acc, wgmma_desc(a, a_map, "K", 0, (0, 64)), wgmma_desc(b, b_map, "K", 0, (0, 64)), 0)
+        wgmma_commit_group()
+        acc = wgmma_wait_group(0, acc)
+        p = wgmma_a_fragments(acc, "bf16")  # four fragments: the k-steps of a 64-long K
+        o, p = wgmma_fence((wgmma_zeros(64), p))
+        o = wgmma(o, p, wgmma_desc(b, b_map, "MN", 0, (0, 64)), 1)
+        wgmma_commit_group()
+        wgmma_store_global(wgmma_wait_group(0, o), out, 0, 0)
+
+    args = (BF16_K, BF16_K, f32[:, ::1])
+    ptx = nbc.compile_ptx(kernel, args)
+    assert ptx.count("wgmma.mma_async") == 8
+    sass = nbc.sass(nbc.compile_cubin(kernel, args))
+    ops = [line.split("*/")[1].split()[0] for line in sass.splitlines()
+           if "*/" in line and ("HGMMA" in line or "WARPGROUP.DEPBAR" in line)]
+    assert ops == ["HGMMA.64x64x16.F32.BF16"] * 4 + ["WARPGROUP.DEPBAR.LE"] + ["HGMMA.64x64x16.F32.BF16"] * 4 \
+        + ["WARPGROUP.DEPBAR.LE"], ops
+    assert "STL" not in sass and "LDL" not in sass

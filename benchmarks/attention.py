@@ -1,0 +1,245 @@
+"""Attention forward benchmark: numbatma's Attention against torch's scaled_dot_product_attention with the cuDNN
+backend and with the flash backend (FA2), bf16, all in one process on one GPU; TFLOP/s = 4 B H S² D / time
+(halved for causal), and ratios.
+
+Run on the GPU machine:
+    python benchmarks/attention.py [--quick] [--only check,seq,variants] [--reps 20] [--dims 64,128,256]
+
+Shapes: batch x heads chosen so that B·H·S = 64k tokens (16 heads; batch = 65536 / (16 S), at least 1), sequence
+512..16384, head dims 64/128/256, causal and not, layout (B, H, S, D). Timing as benchmarks/gemm.py (its Timer):
+warm-up, then ``--reps`` launches each after a 256 MiB L2-evicting memset, between CUDA events, median. Every
+implementation's output is compared with torch's float32 SDPA before it is timed (FAIL printed, the run goes on).
+Writes attention.json / attention.md / attention.png (TFLOP/s vs sequence length) to $OUT (or next to this file).
+
+Targets (the issue's): head dim 128, S >= 4096: >= 0.90x cuDNN, >= 1.5x flash; head dims 64 and 256 >= 0.80x cuDNN.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gemm import Timer, _git_commit, log  # noqa: E402  (one timing method for every benchmark)
+
+SECTIONS = ("check", "seq", "variants")
+TOKENS = 65536
+HEADS = 16
+
+
+def rel_error(torch, got, want):
+    return (torch.linalg.norm(got.float() - want.float()) / torch.linalg.norm(want.float())).item()
+
+
+class Case:
+    def __init__(self, torch, batch, heads, seq, d, causal, kv_heads=None, seq_k=None):
+        self.batch, self.heads, self.seq, self.d, self.causal = batch, heads, seq, d, causal
+        self.kv_heads, self.seq_k = kv_heads or heads, seq_k or seq
+        gen = torch.Generator(device="cuda").manual_seed(seq * 7 + d)
+        mk = lambda h, s: torch.randn((batch, h, s, d), device="cuda", dtype=torch.bfloat16, generator=gen)  # noqa: E731
+        self.q, self.k, self.v = mk(heads, seq), mk(self.kv_heads, self.seq_k), mk(self.kv_heads, self.seq_k)
+        self.flops = 4.0 * batch * heads * seq * self.seq_k * d * (0.5 if causal else 1.0)
+        self._ref = None
+
+    def ref(self, torch):
+        if self._ref is None:
+            g = self.heads // self.kv_heads
+            k, v = self.k.repeat_interleave(g, 1), self.v.repeat_interleave(g, 1)
+            chunks = []
+            for b in range(self.batch):  # (float32 scores of one batch at a time: bounded memory)
+                chunks.append(torch.nn.functional.scaled_dot_product_attention(
+                    self.q[b:b + 1].float(), k[b:b + 1].float(), v[b:b + 1].float(), is_causal=self.causal))
+            self._ref = torch.cat(chunks)
+        return self._ref
+
+    def label(self):
+        return (f"B{self.batch} H{self.heads}/{self.kv_heads} S{self.seq}x{self.seq_k} D{self.d} "
+                f"{'causal' if self.causal else 'full'}")
+
+
+def torch_impl(backend_name):
+    def make(torch, case, out):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+
+        result = []
+
+        def run():  # (torch allocates its output: no copy inside the timed region)
+            with sdpa_kernel(backend):
+                result[:] = [torch.nn.functional.scaled_dot_product_attention(
+                    case.q, case.k, case.v, is_causal=case.causal, enable_gqa=case.heads != case.kv_heads)]
+        return run, lambda: result[0]
+
+    return make
+
+
+def numbatma_impl(**options):
+    def make(torch, case, out):
+        from numbatma.kernels import Attention
+
+        plan = Attention(case.q, case.k, case.v, out, causal=case.causal, **options)
+        return plan.launch, lambda: out
+
+    return make
+
+
+def run_case(torch, timer, case, impls, results, tag):
+    row = {"case": case.label(), "batch": case.batch, "heads": case.heads, "seq": case.seq, "d": case.d,
+           "causal": case.causal, "tag": tag}
+    log(f"== {tag}: {case.label()}")
+    for name, make in impls:
+        try:
+            out = torch.full_like(case.q, float("nan"))
+            fn, output = make(torch, case, out)
+            fn()
+            torch.cuda.synchronize()
+            err = rel_error(torch, output(), case.ref(torch))
+            ok = err < 2e-2
+            ms, spread = timer.median_ms(fn)
+            tflops = case.flops / (ms * 1e-3) / 1e12
+            row[name] = {"ms": ms, "tflops": tflops, "rel_err": err, "ok": ok, "spread": spread}
+            log(f"  {name:26s} {tflops:7.1f} TFLOP/s  {ms:8.3f} ms  err {err:.1e}  spread {spread:.2f}"
+                + ("" if ok else "  FAIL"))
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            log(f"  {name:26s} SKIP {type(exc).__name__}: {str(exc)[:200]}")
+    for peer in ("cudnn", "flash"):
+        if "tflops" in row.get(peer, {}):
+            for name, _ in impls:
+                if name.startswith("numbatma") and "tflops" in row.get(name, {}):
+                    row[name][f"vs_{peer}"] = row[name]["tflops"] / row[peer]["tflops"]
+    results.append(row)
+    case._ref = None  # (free the float32 reference)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--dims", default="64,128,256")
+    parser.add_argument("--seqs", default=None, help="sequence lengths (default 512..16384)")
+    args = parser.parse_args()
+    import torch
+
+    sections = args.only.split(",")
+    timer = Timer(torch, args.reps, args.warmup)
+    gpu = torch.cuda.get_device_name()
+    log(f"GPU: {gpu}; torch {torch.__version__}")
+    peers = [("cudnn", torch_impl("CUDNN_ATTENTION")), ("flash", torch_impl("FLASH_ATTENTION"))]
+    ours = ("numbatma", numbatma_impl())
+    dims = [int(x) for x in args.dims.split(",")]
+    results = []
+
+    if "check" in sections:  # ragged, GQA, different lengths: correctness against float32 SDPA, timed too
+        for d in dims:
+            for case in (Case(torch, 1, 8, 1000, d, True, kv_heads=2), Case(torch, 2, 4, 777, d, False, seq_k=4097)):
+                run_case(torch, timer, case, [ours], results, "check")
+
+    if "seq" in sections:
+        seqs = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+        if args.seqs:
+            seqs = [int(x) for x in args.seqs.split(",")]
+        for d in dims:
+            for causal in (False, True):
+                for s in seqs:
+                    batch = max(1, TOKENS // (HEADS * s))
+                    run_case(torch, timer, Case(torch, batch, HEADS, s, d, causal), peers + [ours], results, "seq")
+
+    if "variants" in sections:  # what each technique buys, D = 128, S = 8192
+        variants = [("numbatma", numbatma_impl()),
+                    ("numbatma stages=1", numbatma_impl(stages=1)),
+                    ("numbatma bn=64", numbatma_impl(bn=64)),
+                    ("numbatma not persistent", None)]
+        for causal in (False, True):
+            case = Case(torch, 1, 16, 8192, 128, causal)
+            items = 16 * math.ceil(8192 / 128)
+            variants[-1] = ("numbatma not persistent", numbatma_impl(grid=items))
+            run_case(torch, timer, case, peers[:1] + variants, results, "variants")
+
+    summary = {}
+    for r in results:
+        o = r.get("numbatma", {})
+        if r["tag"] == "seq" and "tflops" in o:
+            summary[r["case"]] = {"numbatma": round(o["tflops"], 1),
+                                  "cudnn": round(r.get("cudnn", {}).get("tflops", float("nan")), 1),
+                                  "flash": round(r.get("flash", {}).get("tflops", float("nan")), 1),
+                                  "vs_cudnn": round(o.get("vs_cudnn", float("nan")), 3),
+                                  "vs_flash": round(o.get("vs_flash", float("nan")), 3)}
+    log("\n== summary (TFLOP/s)")
+    log(f"{'case':40s} {'numbatma':>9s} {'cuDNN':>8s} {'flash':>8s} {'/cuDNN':>8s} {'/flash':>8s}")
+    for key, v in summary.items():
+        log(f"{key:40s} {v['numbatma']:9.1f} {v['cudnn']:8.1f} {v['flash']:8.1f} {v['vs_cudnn']:8.3f} "
+            f"{v['vs_flash']:8.3f}")
+    out_dir = os.environ.get("OUT") or HERE
+    payload = {"gpu": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "commit": os.environ.get("NUMBATMA_COMMIT") or _git_commit(), "command": " ".join(sys.argv),
+               "results": results, "summary": summary}
+    with open(os.path.join(out_dir, "attention.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.join(out_dir, "attention.md"), "w") as f:
+        f.write(markdown(payload))
+    plot(payload, os.path.join(out_dir, "attention.png"))
+    failed = any(not v.get("ok", True) for r in results for v in r.values() if isinstance(v, dict))
+    return 1 if failed else 0
+
+
+def markdown(payload):
+    lines = [f"GPU: {payload['gpu']}; commit {payload['commit']}; {payload['date']}; `{payload['command']}`", "",
+             "| case | numbatma | cuDNN | flash | numbatma / cuDNN | numbatma / flash |", "|---|---|---|---|---|---|"]
+    for key, v in payload["summary"].items():
+        lines.append(f"| {key} | {v['numbatma']} | {v['cudnn']} | {v['flash']} | **{v['vs_cudnn']}** | {v['vs_flash']} |")
+    for r in payload["results"]:
+        if r["tag"] in ("variants", "check"):
+            lines += ["", f"{r['tag']}: {r['case']}", "", "| kernel | TFLOP/s | rel. error |", "|---|---|---|"]
+            for name, v in r.items():
+                if isinstance(v, dict) and "tflops" in v:
+                    lines.append(f"| {name} | {v['tflops']:.1f} | {v['rel_err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(payload, path):
+    """TFLOP/s vs sequence length, one panel per head dim and mask; skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("(no matplotlib: no plot)")
+        return
+    rows = [r for r in payload["results"] if r["tag"] == "seq"]
+    panels = sorted({(r["d"], r["causal"]) for r in rows})
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
+    for ax, (d, causal) in zip(axes[0], panels):
+        sel = sorted((r for r in rows if r["d"] == d and r["causal"] == causal), key=lambda r: r["seq"])
+        for name, label in (("numbatma", "numbatma Attention"), ("cudnn", "torch SDPA cuDNN"), ("flash", "torch SDPA flash")):
+            pts = [(r["seq"], r[name]["tflops"]) for r in sel if "tflops" in r.get(name, {})]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"D={d} {'causal' if causal else 'full'}", fontsize=9)
+        ax.set_xlabel("sequence length")
+    axes[0][0].set_ylabel("TFLOP/s (bf16)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Attention forward on {payload['gpu']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    status = main()
+    log(f"(attention benchmark: {time.time() - t0:.0f} s)")
+    sys.exit(status)

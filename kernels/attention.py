@@ -1,0 +1,448 @@
+"""Attention forward on Hopper tensor cores, FlashAttention-3 style: ``O = softmax(Q Kᵀ · scale (+ causal mask)) V``
+and the log-sum-exp of every row, written with numbatma's public API only.
+
+Arrays: ``q`` (B, Hq, Sq, D), ``k`` and ``v`` (B, Hkv, Sk, D) with ``layout="bhsd"``; (B, Sq, Hq, D) and
+(B, Sk, Hkv, D) with ``layout="bshd"`` (any strides TMA can describe: torch tensors of either layout, views).
+bfloat16 or float16 (all four the same), D = 64, 128 or 256, ``Hq`` a multiple of ``Hkv`` (grouped-query
+attention: query head ``h`` reads key/value head ``h // (Hq // Hkv)``), any Sq and Sk >= 1. ``o`` is written
+in q's layout and dtype; ``lse`` (B, Hq, Sq) float32 receives ``log(sum_j exp(scale * q_i·k_j))`` (natural log)
+per row. ``causal=True`` masks key ``j > i`` for query ``i`` (the top-left alignment of
+``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``).
+
+Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups):
+
+* **Work**: one item is 128 query rows of one (batch, head); causal items are ordered longest first (the rows
+  near the end of the sequence see the most keys).
+* **Producer** (warpgroup 0, ``setmaxnreg_dec``): one elected thread TMA-loads, per item, the Q tile (both
+  consumers' 64 rows, ``D / 64`` boxes of 64 x 64 with the 128-byte swizzle) through a one-stage
+  :class:`Pipeline`, then for every key block the K tile and the V tile (``D / 64`` boxes of ``bn`` x 64 each)
+  through two ``stages``-deep Pipelines - separate, so that ``Q Kᵀ`` can start while V is still in flight.
+* **Consumers** (warpgroups 1 and 2, ``setmaxnreg_inc``): each owns 64 of the 128 rows, its O accumulator
+  (64 x D, float32) and the running row maxima and sums. Per key block: ``S = Q Kᵀ`` (wgmma, both operands
+  from shared memory), release K; mask (only the blocks that need it: the ragged last block, the causal
+  diagonal); row maxima over the quad (:func:`wgmma_row_reduce`), ``P = exp2(S · scale·log2 e - m)`` and the
+  correction of O and of the row sums (:func:`wgmma_map`); ``O += P V`` with P straight from registers
+  (:func:`wgmma_a_fragments`: no shared memory for P), release V.
+* **Epilogue**: ``O / l`` in registers, the log-sum-exp of each row (plain stores of its four-thread quad's
+  first lane), O into the consumer's own 64 rows of the Q tile (swizzled, :func:`wgmma_store`) and TMA
+  stores (clipped at the sequence end: never a byte outside ``o``); the Q stage goes back to the producer once
+  the stores have read it.
+
+Tile: ``bm = 128`` query rows, ``bn`` keys per block (128 for D <= 128, 64 for D = 256; the ``bn`` option
+takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: Q ``128 D`` + ``2 stages bn D`` elements (two bytes each).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, prepare_launch
+from numbatma.views import ArrayLayout, layout_view
+from numbatma.intrinsics import (
+    Pipeline,
+    bulk_commit_group,
+    bulk_wait_group,
+    bulk_wait_group_read,
+    elect_one_sync,
+    fence_proxy_async_shared_cta,
+    named_barrier_sync,
+    setmaxnreg_dec,
+    setmaxnreg_inc,
+    shared_view,
+    tma_store,
+    wgmma,
+    wgmma_a_fragments,
+    wgmma_commit_group,
+    wgmma_desc,
+    wgmma_fence,
+    wgmma_map,
+    wgmma_row_reduce,
+    wgmma_store,
+    wgmma_wait_group,
+    wgmma_zeros,
+)
+
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_int
+from ._plan import Plan, run
+
+__all__ = ["Attention", "AttentionConfig", "attention"]
+
+BM = 128  # query rows per item: two consumer warpgroups x 64
+WG_ROWS = 64
+CHUNK = 64  # head-dim elements per box: one 128-byte swizzle row of bf16/f16
+WARPGROUP = 128
+MAX_REGISTERS = 168  # at launch: 168 x 384 = the register file; setmaxnreg moves them
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232  # 40 x 128 + 2 x 232 x 128 = 168 x 384
+HEAD_DIMS = (64, 128, 256)
+DTYPES = ("bfloat16", "float16")
+LAYOUTS = ("bhsd", "bshd")
+LOG2E = 1.4426950408889634
+LN2_F32 = np.float32(0.6931471805599453)
+NEG_INF = np.float32(-np.inf)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
+_STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """What an :class:`Attention` plan runs: key block ``bn``, K/V pipeline ``stages``, the shared memory."""
+
+    bn: int
+    stages: int
+    smem_bytes: int
+
+    @property
+    def tile(self):
+        return (BM, self.bn)
+
+
+def default_config(d, *, bn=None, stages=None):
+    """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
+    (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256)."""
+    if bn is None:
+        bn = 128 if d <= 128 else 64
+    most = 128 if d <= 128 else 64  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
+    bn = require_int("Attention", "bn", bn, 16, most)
+    if bn % 16:
+        raise TensorMapError(f"Attention: bn (keys per block) must be a multiple of 16 in 16..{most} for head dim "
+                             f"{d}, got {bn}")
+    q_bytes = BM * d * 2
+    stage_bytes = 2 * bn * d * 2  # K and V
+    fit = (SMEM_PER_BLOCK - _STATIC_SMEM - q_bytes) // stage_bytes
+    if stages is None:
+        stages = min(4 if d < 256 else 2, fit)
+    stages = require_int("Attention", "stages", stages, 1, 64)
+    if stages > fit:
+        raise TensorMapError(f"Attention: stages={stages} with head dim {d} and bn={bn} needs "
+                             f"{q_bytes + stages * stage_bytes} bytes of shared memory; at most {fit} stages fit in "
+                             f"the {SMEM_PER_BLOCK} bytes a block may use")
+    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes)
+
+
+# -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
+@cuda.jit(device=True, inline="always")
+def _max(a, b):
+    return max(a, b)
+
+
+@cuda.jit(device=True, inline="always")
+def _add(a, b):
+    return a + b
+
+
+@cuda.jit(device=True, inline="always")
+def _mask(s, half, col, limits):
+    """-inf where key ``kv0 + col`` is past the keys (``>= sk``) or, causal, after the row's query."""
+    kv0, sk, row0, causal = limits
+    key = kv0 + col
+    if key >= sk or (causal and key > row0 + 8 * half):
+        return NEG_INF
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def _exp2_shifted(s, half, col, st):
+    """``exp2(s · scale·log2 e - m_row)`` (``st = (scale_log2, m0, m1)``)."""
+    return math.exp2(s * st[0] - (st[1] if half == 0 else st[2]))
+
+
+@cuda.jit(device=True, inline="always")
+def _scale_rows(o, half, col, f):
+    return o * (f[0] if half == 0 else f[1])
+
+
+@cuda.jit(device=True, inline="always")
+def _item(t, bh, nmb, causal):
+    """(batch·head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
+    longest first), batch·head fastest."""
+    mb = t // bh
+    if causal:
+        mb = nmb - 1 - mb
+    return t - (t // bh) * bh, mb * BM
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
+    """The kernel of one configuration (every argument a compile-time constant of the closure)."""
+    chunks = d // CHUNK
+    box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
+    box_kv = bn * CHUNK  # elements of one K or V box (bn x 64)
+    q_elems = BM * d
+    kv_elems = bn * d  # one K (or V) stage
+    k_base = q_elems
+    v_base = q_elems + stages * kv_elems
+
+    @cuda.jit(device=True, inline="always")
+    def q_tile(smem, w, c):
+        """Consumer ``w``'s 64 rows, head-dim chunk ``c`` of the Q stage (also its O staging tile)."""
+        return shared_view(smem, (w * chunks + c) * box_q, (WG_ROWS, CHUNK))
+
+    @cuda.jit(device=True, inline="always")
+    def qk(smem, q_map, k_map, w, ks):
+        """``S = Q_w Kᵀ`` for K stage ``ks``: the D / 16 k-steps in one wgmma call (back to back), waited for.
+        Both tiles are K-major with their 64-wide chunks side by side along K (the head dim)."""
+        q_all = shared_view(smem, w * chunks * box_q, (chunks, WG_ROWS, CHUNK))
+        k_all = shared_view(smem, k_base + ks * kv_elems, (chunks, bn, CHUNK))
+        s = wgmma_fence(wgmma_zeros(bn))
+        s = wgmma(s, wgmma_desc(q_all, q_map, "K", 0, (0, d)), wgmma_desc(k_all, k_map, "K", 0, (0, d)), 1)
+        wgmma_commit_group()
+        return wgmma_wait_group(0, s)
+
+    @cuda.jit(device=True, inline="always")
+    def pv(o, p, smem, v_map, vs):
+        """``O += P V`` for V stage ``vs``, P from registers: the bn / 16 k-steps in one wgmma call, waited for.
+        V's tile is (keys = K) x (head dim = N): MN-major, its chunks side by side along N."""
+        v_tile = shared_view(smem, v_base + vs * kv_elems, (chunks, bn, CHUNK))
+        o, p = wgmma_fence((o, p))
+        o = wgmma(o, p, wgmma_desc(v_tile, v_map, "MN", 0, (0, bn)), 1)
+        wgmma_commit_group()
+        return wgmma_wait_group(0, o)
+
+    jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
+
+    @jit
+    def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
+        smem = cuda.shared.array(0, nb_dtype, alignment=1024)
+        qpipe = Pipeline(1, 1, 2)  # full: the producer + Q's bytes; empty: one arrival per consumer warpgroup
+        kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
+        vpipe = Pipeline(stages, 1, 8)
+        batch_heads = lse.shape[0] * heads
+        nmb = (sq + BM - 1) // BM
+        nkb = (sk + bn - 1) // bn
+        total = batch_heads * nmb
+        wg = cuda.threadIdx.x // WARPGROUP
+        if wg == 0:
+            setmaxnreg_dec(PRODUCER_REGISTERS)
+            if cuda.threadIdx.x < 32:
+                if elect_one_sync():
+                    for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
+                        bh, m0 = _item(t, batch_heads, nmb, causal)
+                        b = bh // heads
+                        h = bh - b * heads
+                        hk = h // group
+                        blocks = nkb
+                        if causal:
+                            blocks = min(nkb, (m0 + BM - 1) // bn + 1)
+                        qpipe.producer_acquire()
+                        for w in range(2):
+                            for c in range(chunks):
+                                qpipe.load(q_tile(smem, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
+                        qpipe.producer_commit()
+                        for j in range(blocks):
+                            s = kpipe.producer_acquire()
+                            for c in range(chunks):
+                                kpipe.load(shared_view(smem, k_base + s * kv_elems + c * box_kv, (bn, CHUNK)), k_map,
+                                           (b, hk, j * bn, CHUNK * c))
+                            kpipe.producer_commit()
+                            s = vpipe.producer_acquire()
+                            for c in range(chunks):
+                                vpipe.load(shared_view(smem, v_base + s * kv_elems + c * box_kv, (bn, CHUNK)), v_map,
+                                           (b, hk, j * bn, CHUNK * c))
+                            vpipe.producer_commit()
+        else:
+            setmaxnreg_inc(CONSUMER_REGISTERS)
+            w = wg - 1
+            tw = cuda.threadIdx.x - wg * WARPGROUP
+            lane = cuda.threadIdx.x % 32
+            row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
+            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
+                bh, m0 = _item(t, batch_heads, nmb, causal)
+                b = bh // heads
+                h = bh - b * heads
+                blocks = nkb
+                if causal:
+                    blocks = min(nkb, (m0 + BM - 1) // bn + 1)
+                row0 = m0 + WG_ROWS * w + row_in_wg
+                m_a = NEG_INF  # running maxima (scaled by scale·log2 e) of the thread's two rows
+                m_b = NEG_INF
+                l_a = ZERO  # running sums of exp2(...)
+                l_b = ZERO
+                o = wgmma_zeros(d)
+                qpipe.consumer_wait()
+                for j in range(blocks):
+                    ks = kpipe.consumer_wait()
+                    s = qk(smem, q_map, k_map, w, ks)
+                    if lane == 0:
+                        kpipe.consumer_release()
+                    kv0 = j * bn
+                    if kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
+                        s = wgmma_map(s, _mask, (kv0, sk, row0, causal))
+                    r_a, r_b = wgmma_row_reduce(s, _max, NEG_INF)
+                    n_a = max(m_a, r_a * scale_log2)
+                    n_b = max(m_b, r_b * scale_log2)
+                    u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
+                    u_b = n_b if n_b != NEG_INF else ZERO
+                    p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
+                    f_a = math.exp2(m_a - u_a)
+                    f_b = math.exp2(m_b - u_b)
+                    o = wgmma_map(o, _scale_rows, (f_a, f_b))
+                    sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
+                    l_a = l_a * f_a + sum_a
+                    l_b = l_b * f_b + sum_b
+                    m_a = n_a
+                    m_b = n_b
+                    vs = vpipe.consumer_wait()
+                    o = pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs)
+                    if lane == 0:
+                        vpipe.consumer_release()
+                # epilogue: normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
+                o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
+                if lane % 4 == 0:
+                    if row0 < sq:
+                        lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
+                    if row0 + 8 < sq:
+                        lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
+                named_barrier_sync(1 + w, WARPGROUP)  # every wgmma of this warpgroup has read its Q rows
+                for c in range(chunks):
+                    wgmma_store(o, q_tile(smem, w, c), o_map, 0, CHUNK * c)
+                fence_proxy_async_shared_cta()
+                named_barrier_sync(1 + w, WARPGROUP)
+                if tw == 0:
+                    for c in range(chunks):
+                        tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), q_tile(smem, w, c))
+                    bulk_commit_group()
+                    bulk_wait_group_read(0)  # the stores have read the Q stage: the producer may refill it
+                    qpipe.consumer_release()
+            if tw == 0:
+                bulk_wait_group(0)
+
+    return attention_kernel
+
+
+class Attention(Plan):
+    """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
+    ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
+    ``stages``, ``grid`` (CTAs; default one per SM). ``lse``: a (B, Hq, Sq) float32 array, or None (the plan
+    allocates one). ``launch(stream)`` returns ``(o, lse)``."""
+
+    def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
+                 grid=None):
+        op = "Attention"
+        if layout not in LAYOUTS:
+            raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
+                                 f"heads, head_dim), got {layout!r}")
+        lq, lk, lv, lo = (array_layout(x) for x in (q, k, v, o))
+        for what, lay in (("q", lq), ("k", lk), ("v", lv), ("o", lo)):
+            if len(lay.shape) != 4:
+                raise TensorMapError(f"{op}: {what} is a {lay.name}; attention takes 4-D arrays ({layout}).")
+            if lay.dtype.name not in DTYPES or lay.dtype != lq.dtype:
+                raise TensorMapError(f"{op}: {what} is a {lay.name}; q, k, v and o must all be bfloat16 or all "
+                                     f"float16.")
+
+        def dims(shape):  # (batch, heads, seq, head_dim)
+            return shape if layout == "bhsd" else (shape[0], shape[2], shape[1], shape[3])
+
+        bq, hq, sq, d = dims(lq.shape)
+        bk, hk, sk, dk = dims(lk.shape)
+        if dims(lv.shape) != (bk, hk, sk, dk):
+            raise TensorMapError(f"{op}: k is {lk.shape} but v is {lv.shape}; they must have the same shape.")
+        if lo.shape != lq.shape:
+            raise TensorMapError(f"{op}: o is {lo.shape} but q is {lq.shape}; o takes q's shape.")
+        if bk != bq or dk != d:
+            raise TensorMapError(f"{op}: q is {lq.shape} and k is {lk.shape} ({layout}): the batch and the head "
+                                 f"dim must agree.")
+        if d not in HEAD_DIMS:
+            raise TensorMapError(f"{op}: head dim {d} (q is {lq.shape}); supported: {', '.join(map(str, HEAD_DIMS))}.")
+        if hk == 0 or hq % hk:
+            raise TensorMapError(f"{op}: q has {hq} heads and k/v {hk}; the query heads must be a multiple of the "
+                                 f"key/value heads (grouped-query attention).")
+        if sk == 0 and sq > 0:
+            raise TensorMapError(f"{op}: k and v have no keys (k is {lk.shape}); softmax over nothing is undefined.")
+        self.shape = (bq, hq, hk, sq, sk, d)
+        self.layout = layout
+        self.causal = bool(causal)
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+        self.dtype = lq.dtype
+        self.o = o
+        if lse is None:
+            lse = cuda.device_array((bq, hq, sq), np.float32)
+        else:
+            ll = array_layout(lse)
+            if ll.shape != (bq, hq, sq) or ll.dtype != np.float32:
+                raise TensorMapError(f"{op}: lse is a {ll.name}; it must be float32 with shape {(bq, hq, sq)} "
+                                     f"(batch, heads, query rows).")
+        self.lse = lse
+        self.kernel = None
+        self._prepared = None
+        if bq * hq * sq == 0:
+            return
+        self.config = default_config(d, bn=bn, stages=stages)
+        cfg = self.config
+        q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
+
+        def heads_major(x, lay):  # every descriptor sees (batch, heads, seq, head_dim): one kernel for both layouts
+            if layout == "bhsd":
+                return x
+            st = lay.strides
+            return layout_view(ArrayLayout(lay.ptr, dims(lay.shape), (st[0], st[2], st[1], st[3]), lay.dtype), x)
+
+        self.q_map = TensorMap(heads_major(q, lq), q_box, swizzle=Swizzle.B128)
+        self.k_map = TensorMap(heads_major(k, lk), kv_box, swizzle=Swizzle.B128)
+        self.v_map = TensorMap(heads_major(v, lv), kv_box, swizzle=Swizzle.B128)
+        self.o_map = TensorMap(heads_major(o, lo), q_box, swizzle=Swizzle.B128)
+        self.items = bq * hq * ceil_div(sq, BM)
+        if grid is not None:
+            grid = require_int(op, "grid", grid, 1, 1 << 31)
+        self._grid = grid
+        self.block = 3 * WARPGROUP
+        blocks = self._key_blocks()
+        self.flops = 4.0 * bq * hq * sq * sk * d * (0.5 if self.causal else 1.0)
+        self.key_blocks = blocks
+        kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
+        self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind)
+
+    def _key_blocks(self):
+        _, _, _, sq, sk, _ = self.shape
+        bn = self.config.bn
+        nkb = ceil_div(sk, bn)
+        if not self.causal:
+            return ceil_div(sq, BM) * nkb
+        return sum(min(nkb, (m0 + BM - 1) // bn + 1) for m0 in range(0, sq, BM))
+
+    @property
+    def grid(self):
+        """CTAs: one per SM (persistent), never more than there are items."""
+        if self._grid is None:
+            self._grid = persistent_grid(self.items)
+        return min(self._grid, self.items)
+
+    @property
+    def args(self):
+        b, hq, hk, sq, sk, d = self.shape
+        return (self.q_map, self.k_map, self.v_map, self.o_map, self.lse, hq, hq // hk, sq, sk,
+                np.float32(self.scale * LOG2E))
+
+    shared_mem = property(lambda self: self.config.smem_bytes)
+
+    @property
+    def output(self):
+        return self.o, self.lse
+
+    def launch(self, stream=0):
+        """Run the attention on ``stream`` (asynchronously, like any launch) and return ``(o, lse)``. The launch is
+        prepared on first use (:func:`numbatma.prepare_launch`: arguments converted once) and again when ``scale``
+        changed."""
+        if self.kernel is None:
+            return self.output
+        if self._prepared is None or self._prepared[0] != self.scale:
+            self._prepared = self.scale, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
+                                                        self.shared_mem)
+        self._prepared[1](stream)
+        return self.output
+
+    def __repr__(self):
+        b, hq, hk, sq, sk, d = self.shape
+        return (f"Attention(batch {b}, heads {hq}/{hk}, seq {sq}x{sk}, head dim {d}, {self.dtype.name}, "
+                f"{self.layout}, causal={self.causal}, {getattr(self, 'config', None)})")
+
+
+def attention(q, k, v, o, lse=None, **options):
+    """``o = softmax(q kᵀ · scale (+ causal mask)) v`` with :class:`Attention` (options as there, plus ``stream``);
+    returns ``(o, lse)``."""
+    return run(Attention, q, k, v, o, lse, **options)

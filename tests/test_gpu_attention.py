@@ -1,0 +1,102 @@
+"""GPU tests (marker ``gpu``): numbatma.kernels.Attention against torch's scaled_dot_product_attention computed in
+float32 (and the log-sum-exp from float32 scores) on fresh random data, outputs NaN-poisoned first: every head dim,
+causal and not, ragged lengths (1, 17, 1000, 4097), different query and key lengths, grouped-query heads, both
+layouts (and a "bhsd" view of "bshd" memory), bfloat16 and float16, a stream.
+
+Tolerance (elementwise, on O): P is rounded to the input type before P V and O to the output type, each half an ulp
+relative, so |O - ref| <= 2 ulp(dtype) * max|V| covers it with a factor of two to spare; the log-sum-exp is float32
+all the way (1e-3 absolute)."""
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+from numba import cuda  # noqa: E402
+
+from numbatma.kernels import Attention, attention  # noqa: E402
+
+TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+ULP = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+
+
+def reference(q, k, v, causal, scale):
+    """(o, lse) in float32 from (B, H, S, D) tensors (k, v with fewer heads: repeated)."""
+    group = q.shape[1] // k.shape[1]
+    qf, kf, vf = q.float(), k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    o = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=scale)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return o, torch.logsumexp(s, -1)
+
+
+def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view=False, stream=None):
+    def make(h, s):
+        x = torch.randn((b, s, h, d), device="cuda", dtype=torch.float32).to(TORCH[dtype])
+        if layout == "bshd":
+            return x, x
+        heads_major = x.transpose(1, 2)  # (B, H, S, D)
+        return (heads_major if view else heads_major.contiguous()), heads_major
+
+    q, q_ref = make(hq, sq)
+    k, k_ref = make(hk, sk)
+    v, v_ref = make(hk, sk)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
+    plan = Attention(q, k, v, o, lse, causal=causal, layout=layout)
+    plan.launch(0 if stream is None else cuda.external_stream(stream.cuda_stream))
+    torch.cuda.synchronize()
+    ref, ref_lse = reference(q_ref, k_ref, v_ref, causal, plan.scale)
+    got = o if layout == "bhsd" else o.transpose(1, 2)
+    assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} outputs never written"
+    assert not torch.isnan(lse).any(), "log-sum-exp never written"
+    err = (got.float() - ref).abs()
+    bound = 2 * ULP[dtype] * v.float().abs().max()
+    assert err.max() <= bound, f"max error {err.max():.3g} > {bound:.3g} at {tuple(int(i) for i in (err == err.max()).nonzero()[0])}"
+    assert (lse - ref_lse).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seq", [1, 17, 1000, 4097])
+def test_head_dims_and_lengths(d, causal, seq):
+    run_case(1, 2, 2, seq, seq, d, causal)
+
+
+@pytest.mark.parametrize("sq, sk", [(1, 4097), (17, 1000), (1000, 17), (300, 2049), (4097, 128)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_different_query_and_key_lengths(sq, sk, causal):
+    run_case(2, 2, 2, sq, sk, 128, causal)
+
+
+@pytest.mark.parametrize("hq, hk", [(8, 1), (8, 2), (6, 3)])
+def test_grouped_query_heads(hq, hk):
+    run_case(2, hq, hk, 333, 777, 128, True)
+
+
+@pytest.mark.parametrize("layout, view", [("bshd", False), ("bhsd", True)], ids=["bshd", "bhsd-view-of-bshd"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_layouts(layout, view, d):
+    run_case(2, 4, 2, 1000, 1000, d, d == 128, layout=layout, view=view)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_dtypes(dtype, d):
+    run_case(1, 3, 3, 513, 1025, d, False, dtype=dtype)
+
+
+def test_function_form_on_a_stream_and_lse_allocated():
+    q = torch.randn((1, 2, 200, 64), device="cuda", dtype=torch.bfloat16)
+    k = torch.randn((1, 2, 300, 64), device="cuda", dtype=torch.bfloat16)
+    v = torch.randn((1, 2, 300, 64), device="cuda", dtype=torch.bfloat16)
+    o = torch.full_like(q, float("nan"))
+    stream = torch.cuda.Stream()
+    out, lse = attention(q, k, v, o, stream=cuda.external_stream(stream.cuda_stream), scale=0.3)
+    stream.synchronize()
+    ref, ref_lse = reference(q, k, v, False, 0.3)
+    assert out is o and (o.float() - ref).abs().max() <= 2 * ULP["bfloat16"] * v.float().abs().max()
+    assert abs(float(ref_lse[0, 1, 5]) - float(lse[0, 1, 5])) <= 1e-3
+    assert math.isfinite(float(lse[0, 0, 199]))
