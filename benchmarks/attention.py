@@ -156,6 +156,9 @@ def main():
 
     if "variants" in sections:  # what each technique buys, D = 128, S = 8192
         variants = [("numbatma", numbatma_impl()),
+                    ("numbatma serial", numbatma_impl(schedule="serial")),
+                    ("numbatma overlap", numbatma_impl(schedule="overlap")),
+                    ("numbatma pingpong", numbatma_impl(schedule="pingpong")),
                     ("numbatma stages=1", numbatma_impl(stages=1)),
                     ("numbatma bn=64", numbatma_impl(bn=64)),
                     ("numbatma not persistent", None)]

@@ -1,9 +1,11 @@
 """numbatma.intrinsics: device-side operations for ``@cuda.jit`` kernels.
 
-Each function emits inline PTX; its docstring names the PTX and what the caller must guarantee. One module per
-PTX family (``FAMILIES`` below); each lists its public names in ``__all__`` and its instruction descriptions in
-``PTX``. This package exports every family's ``__all__``, and ``all_ptx()`` gathers every ``PTX`` table
-(``docs/ptx.md`` is generated from it: ``python scripts/gen_ptx_doc.py``).
+Each function emits inline PTX; its docstring says what it does and what the caller must guarantee. One module
+per PTX family (``FAMILIES`` below); each lists its public names in ``__all__`` and its instruction descriptions
+in ``PTX``. This package exports every family's ``__all__``, and ``all_ptx()`` gathers every ``PTX`` table: the
+one source of the PTX text. ``docs/ptx.md`` is generated from it (``python scripts/gen_ptx_doc.py``), and so is
+the "PTX" section that ends the docstring of every exported intrinsic with a table entry (``help(tma_load)``;
+``_define.add_ptx_sections``, called at the end of this file).
 """
 from . import (
     accumulator,
@@ -25,6 +27,7 @@ from . import (
 )
 from . import _debug as _debug_family  # bounded waits and runtime checks of the debug build (NUMBATMA_DEBUG=1)
 from . import wgmma as _wgmma_family  # (the name wgmma is the intrinsic)
+from ._define import add_ptx_sections as _add_ptx_sections
 
 #: The PTX families, one module each: their ``__all__`` is this package's API, their ``PTX`` tables ``all_ptx()``.
 FAMILIES = (mbarrier, tma, fence, async_copy, warp, pipeline, smem, cache, bulk, cluster, cluster_copy, descriptor,
@@ -49,3 +52,6 @@ def all_ptx():
                 raise KeyError(f"all_ptx: {key!r} is described by two families")
             table[key] = ptx
     return table
+
+
+_add_ptx_sections({name: globals()[name] for name in __all__}, all_ptx())

@@ -5,8 +5,11 @@ operands (``$name``), the PTX register class of each operand, and the oldest tar
 ``Ptx.emit(builder, name=value, ...)`` turns it into an LLVM ``asm sideeffect`` call. Immediates
 (``imm=``) are spelled into the text, so one description covers e.g. every ``wait_group N``.
 
-Every PTX family module (``mbarrier.py``, ``tma.py``, ``fence.py``) lists its instructions as ``Ptx``
-objects at the top, so the PTX of any intrinsic is one search away.
+Every PTX family module (``mbarrier.py``, ``tma.py``, ``fence.py``, ...) lists its instructions as ``Ptx``
+objects in its ``PTX`` table, keyed by intrinsic (``tma_load(rank=2)``). That table is where the PTX of an
+intrinsic is spelled: ``numbatma.intrinsics.all_ptx()`` gathers the tables, ``docs/ptx.md`` lists every
+variant, and the docstring of each intrinsic ends with a section generated from its entries
+(``help(tma_load)``); the prose of the docstrings names instructions, it does not spell them.
 """
 from __future__ import annotations
 

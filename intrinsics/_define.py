@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 
 from llvmlite import ir
 
@@ -71,6 +72,51 @@ def device_op(simulate=None, prefer_literal=False):
         return op
 
     return wrap
+
+
+#: The heading of the section that :func:`add_ptx_sections` appends to an intrinsic's docstring.
+PTX_SECTION = "PTX (generated from the PTX table; all variants: docs/ptx.md):"
+#: The intrinsic a PTX table key belongs to: ``name``, ``name(variant)``, ``name (note)`` or ``name.x``.
+_PTX_KEY = re.compile(r"([A-Za-z_]\w*)(?:\s*\(|\.|$)")
+#: The variant shown when an intrinsic has several (the first key containing the first of these that any
+#: key contains; else the table's first): rank 2, the common wgmma, ldmatrix x4, an add.
+_SHOWN_VARIANT = ("rank=2", "m64n128, f32, bf16xbf16, A from smem", "(x4", "(add.")
+
+
+def add_ptx_sections(objects, table):
+    """Append to the docstring of each intrinsic of ``objects`` (name -> object) the PTX it emits, taken from
+    ``table`` (``all_ptx()``): of the entries keyed ``name``, ``name(variant)``, ``name (note)`` or ``name.x``,
+    one (see ``_SHOWN_VARIANT``) with its exact text, whitespace collapsed, and how many others docs/ptx.md
+    lists. Names without such an entry are left alone. A section already there is replaced, so a second call
+    changes nothing. Returns the names that got a section and those whose ``__doc__`` cannot be set."""
+    variants = {}
+    for key in table:
+        match = _PTX_KEY.match(key)
+        if match:
+            variants.setdefault(match.group(1), []).append(key)
+    documented, refused = [], []
+    for name, obj in objects.items():
+        keys = variants.get(name)
+        if not keys:
+            continue
+        shown = next((k for want in _SHOWN_VARIANT for k in keys if want in k), keys[0])
+        text = " ".join(table[shown].text.split())
+        notes = [shown] if shown != name else []
+        if len(keys) > 1:
+            more = f"{len(keys) - 1} more variant{'s' if len(keys) > 2 else ''}"
+            same = all(" ".join(table[k].text.split()) == text for k in keys)
+            notes.append(more + (", same text" if same else ""))
+        doc = (obj.__doc__ or "").split(PTX_SECTION)[0].rstrip()
+        body = [line for line in doc.splitlines()[1:] if line.strip()]
+        indent = min((line[:len(line) - len(line.lstrip())] for line in body), key=len, default="")
+        note = f"  ({'; '.join(notes)})" if notes else ""
+        try:
+            obj.__doc__ = f"{doc}\n\n{indent}{PTX_SECTION}\n{indent}    ``{text}``{note}\n"
+        except (AttributeError, TypeError):  # (an object that takes no attributes: its docstring stays)
+            refused.append(name)
+            continue
+        documented.append(name)
+    return documented, refused
 
 
 def _user_signature(op, typer):

@@ -33,7 +33,8 @@ Online softmax in a few lines (``scale_log2 = scale * log2(e)``)::
 What the caller guarantees: the accumulator has been returned by the wait that covers its wgmma (the
 simulator reports a read before it); every thread of the warp calls ``wgmma_row_reduce`` together (its
 shuffles are ``.sync`` with a full mask); 1-D blocks (the lane is ``%laneid``). Emits only the arithmetic
-``fn`` compiles to, plus ``shfl.sync.bfly.b32`` (reduce) and ``mov.u32 %laneid`` (map); every target.
+``fn`` compiles to, plus a butterfly warp shuffle (``shfl.sync.bfly``; reduce) and a read of ``%laneid`` (map),
+on every target (their PTX: the end of ``help(wgmma_row_reduce)`` / ``help(wgmma_map)``).
 
 Under the CUDA simulator both run ``fn`` in Python on the thread's registers (float32 results) and exchange
 the quad's values through the simulator's warp shuffle.

@@ -109,8 +109,8 @@ def cp_async(typingctx, dst, dst_index, src, src_index, nbytes):
     """Start copying ``nbytes`` (4, 8 or 16) bytes from ``src[src_index]`` (global) to ``dst[dst_index]``
     (shared) with this thread.
 
-    Emits ``cp.async.cg.shared.global [dst], [src], 16;`` for 16 bytes (cached in L2 only, the streaming
-    choice) and ``cp.async.ca.shared.global [dst], [src], n;`` for 4 and 8. The caller guarantees: both
+    Emits ``cp.async`` with the ``.cg`` cache operator for 16 bytes (cached in L2 only, the streaming
+    choice) and ``.ca`` for 4 and 8 (PTX below). The caller guarantees: both
     addresses are ``nbytes``-aligned and the ``nbytes`` bytes are contiguous in both arrays; nobody reads
     ``dst`` before the copy is known complete (``cp_async_wait_group`` / ``cp_async_wait_all`` by this
     thread, or a wait on an mbarrier that ``cp_async_mbarrier_arrive*`` tracks)."""

@@ -196,7 +196,8 @@ def bulk_load(typingctx, dst, src, bar):
     """Start copying ``dst.nbytes`` bytes from the start of the global array ``src`` into the shared array
     ``dst``; completion delivers that many transaction bytes to the mbarrier ``bar``.
 
-    Emits ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [bar];``.
+    Emits the global -> shared ``cp.async.bulk`` copy of ``dst.nbytes`` bytes that completes on the mbarrier
+    (PTX below).
 
     The caller guarantees: one thread issues it; ``bar`` expects the bytes in the phase waited on
     (``mbarrier_arrive_expect_tx(bar, nbytes)``); ``src`` holds at least ``dst.nbytes`` bytes; the size is
@@ -232,7 +233,7 @@ def bulk_load_at(typingctx, dst, dst_index, src, src_index, nbytes, bar):
     """Start copying ``nbytes`` bytes from ``src[src_index]`` (global) on to ``dst[dst_index]`` (shared)
     on; completion delivers ``nbytes`` transaction bytes to the mbarrier ``bar``.
 
-    Emits ``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];``.
+    Emits the instruction of ``bulk_load`` (its PTX: ``help(bulk_load)``, docs/ptx.md) with ``nbytes`` as the size.
     Same guarantees as ``bulk_load``; the ``nbytes`` bytes are contiguous in both arrays from the indexed
     element on. A constant ``nbytes`` is checked (positive multiple of 16, whole elements), as is a
     constant 1-D index (a multiple of 16 bytes from the array start)."""
@@ -262,7 +263,7 @@ def bulk_store(typingctx, dst, src):
     """Start copying the shared array ``src`` (``src.nbytes`` bytes) to the start of the global array
     ``dst``, in the issuing thread's current bulk group.
 
-    Emits ``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], size;``.
+    Emits the shared -> global ``cp.async.bulk`` copy of ``src.nbytes`` bytes into the bulk group (PTX below).
 
     The caller guarantees: the threads that wrote ``src`` executed ``fence_proxy_async_shared_cta()`` and
     then a block barrier before one thread issues the store; ``dst`` holds at least ``src.nbytes`` bytes;
@@ -367,7 +368,8 @@ def bulk_copy_to_cluster(typingctx, dst, src, nbytes, bar):
     completion delivers ``nbytes`` transaction bytes to the mbarrier at the shared::cluster address
     ``bar`` (``mapa_barrier(bar, rank)``), which must be in the same CTA as ``dst``.
 
-    Emits ``cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [dst], [src], nbytes, [bar];``.
+    Emits the shared::cta -> shared::cluster ``cp.async.bulk`` copy that completes on the mbarrier ``bar``
+    (PTX below).
 
     ``dst`` and ``bar`` may also be this CTA's own shared array / mbarrier: they are translated with
     ``mapa.shared::cluster`` to this CTA's rank first.
@@ -429,8 +431,9 @@ def bulk_reduce(typingctx, op, dst, src):
     ``inc``: ``0 if old >= s else old + 1``; ``dec``: ``s if old == 0 or old > s else old - 1``),
     ``"and"`` / ``"or"`` / ``"xor"`` (32- and 64-bit integers). Other combinations are typing errors.
 
-    Emits ``cp.reduce.async.bulk.global.shared::cta.bulk_group.<op>.<type> [dst], [src], size;``
-    (int64 add as ``.add.u64``, float16 add as ``.add.noftz.f16``). Same guarantees as ``bulk_store``."""
+    Emits the shared -> global ``cp.reduce.async.bulk`` into the bulk group, its ``.<op>.<type>`` from ``op``
+    and the element type (PTX below; int64 add as ``.add.u64``, float16 add as ``.add.noftz.f16``). Same
+    guarantees as ``bulk_store``."""
     name = "bulk_reduce"
     return types.void(op, dst, src), _shared_to_global(name, dst, src, lambda: _reduce_ptx(name, op, dst.dtype), 1)
 

@@ -171,8 +171,8 @@ def tma_load_multicast(typingctx, dst, desc, coords, bar, mask):
     the cluster whose rank bit is set in ``mask``; in each of them the box lands at ``dst``'s shared offset
     and completes ``desc.box_bytes`` transaction bytes on the mbarrier at ``bar``'s offset.
 
-    Emits ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-    .multicast::cluster [dst], [desc, {c_innermost, ...}], [bar], mask;`` (``mask`` is a 16-bit operand).
+    Emits the ``cp.async.bulk.tensor`` tile load of the descriptor's rank with ``.multicast::cluster``
+    (PTX below; the coordinates innermost first, ``mask`` its 16-bit CTA-mask operand).
 
     The caller guarantees: ``mask`` names only CTAs of the cluster (``0 < mask < 1 << nctarank``; the
     helpers ``cluster_mask*`` build such masks); ``dst`` and ``bar`` are at the same shared offsets in
@@ -209,8 +209,8 @@ def st_async(typingctx, addr, value, remote_bar):
     they complete on the mbarrier at the ``shared::cluster`` address ``remote_bar`` (4 or 8 bytes per
     element: a scalar, a 2-tuple (``.v2``) or a 4-tuple (``.v4``, 32-bit elements only)).
 
-    Emits ``st.async.shared::cluster.mbarrier::complete_tx::bytes{.v2,.v4}.{b32,b64,f32,f64}
-    [addr], value, [remote_bar];`` - the PTX type follows the value's Numba type: int32/uint32 -> b32,
+    Emits ``st.async`` to shared::cluster with an mbarrier complete-tx, ``.v2`` / ``.v4`` for a 2- / 4-tuple
+    (PTX below) - the PTX type follows the value's Numba type: int32/uint32 -> b32,
     int64/uint64 -> b64, float32 -> f32, float64 -> f64 (an integer constant is int64: 8 bytes; write
     ``np.int32(v)`` for 4). ``addr`` and ``remote_bar`` are 32-bit (a wider integer is truncated).
 
@@ -266,11 +266,11 @@ def red_async(typingctx, op, addr, value, remote_bar):
     ``addr`` of another CTA of the cluster; when done, the operand's bytes (4, or 8 for uint64) complete on
     the mbarrier at ``remote_bar``.
 
-    Emits ``red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.<op>.<type>
-    [addr], value, [remote_bar];``. ``op`` is a string constant; the value's Numba type picks the type,
-    and only the pairs the PTX ISA has are accepted: ``"add"``: uint32 (u32), int32 (s32), uint64 (u64);
-    ``"min"``/``"max"``: uint32, int32 (unsigned/signed comparison); ``"inc"``/``"dec"``: uint32
-    (``inc``: ``old >= value ? 0 : old + 1``; ``dec``: ``old == 0 or old > value ? value : old - 1``);
+    Emits the relaxed, cluster-scope ``red.async`` to shared::cluster with an mbarrier complete-tx, its
+    ``.<op>.<type>`` from ``op`` and the value (PTX below). ``op`` is a string constant; the value's Numba
+    type picks the type, and only the pairs the PTX ISA has are accepted: ``"add"``: uint32 (u32), int32
+    (s32), uint64 (u64); ``"min"``/``"max"``: uint32, int32 (unsigned/signed comparison); ``"inc"``/``"dec"``:
+    uint32 (``inc``: ``old >= value ? 0 : old + 1``; ``dec``: ``old == 0 or old > value ? value : old - 1``);
     ``"and"``/``"or"``/``"xor"``: int32 or uint32 (b32). Others are a typing error.
 
     The caller guarantees: ``addr`` and ``remote_bar`` lie in the same CTA, and that CTA is *not* the

@@ -160,8 +160,8 @@ def tma_load_im2col(typingctx, dst, desc, coords, offsets, bar):
     the channels-last tensor of ``desc`` into the shared tile ``dst``; completion is signalled on ``bar`` as
     ``desc.box_bytes`` transaction bytes.
 
-    Emits ``cp.async.bulk.tensor.<r>d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes
-    [dst], [desc, {c, w, (h, (d,)) n}], [bar], {w_off, (h_off, (d_off))};`` (r = 3, 4, 5).
+    Emits the ``cp.async.bulk.tensor`` load in ``.im2col`` mode of the descriptor's rank r = 3, 4, 5 (PTX below):
+    the coordinates go innermost first, ``{c, w, (h, (d,)) n}``, the offsets as ``{w_off, (h_off, (d_off))}``.
 
     ``coords`` = ``(n, [d, [h,]] w, c)`` in array order: the first pixel, a position in the offset-free bounding
     box (``desc``'s lower corner .. extent - 1 + upper corner along each spatial axis; may be negative: padding),

@@ -217,7 +217,8 @@ def _tuple_value(context, builder, ty, struct, count):
 def mma_m16n8k16(typingctx, acc, a, b, kind):
     """``D = A @ B + C`` for one warp's 16 x 8 x 16 tile: returns this lane's 4 float32 registers of D.
 
-    Emits ``mma.sync.aligned.m16n8k16.row.col.f32.<kind>.<kind>.f32 {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3};``.
+    Emits the warp's ``mma.sync`` m16n8k16 (A row-major, B column-major) of ``kind`` elements with float32 C and
+    D (PTX below).
     ``kind``: the constant string ``"bf16"`` or ``"f16"`` (A and B elements); ``acc``: a tuple of 4 float32
     (C: this lane's fragment, :func:`mma_c_row_col`); ``a``: a tuple of 4 uint32 (A, 16 x 16 row-major:
     :func:`mma_a_row_col`); ``b``: a tuple of 2 uint32 (B, 16 x 8 column-major: :func:`mma_b_row_col`). Each
@@ -244,7 +245,7 @@ def mma_m16n8k16(typingctx, acc, a, b, kind):
 def mma_m16n8k16_f16acc(typingctx, acc, a, b):
     """``D = A @ B + C`` with float16 operands *and* float16 accumulators: returns this lane's 2 registers of D.
 
-    Emits ``mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {d0, d1}, {a0..a3}, {b0, b1}, {c0, c1};``.
+    Emits the warp's ``mma.sync`` m16n8k16 (A row-major, B column-major) with float16 A, B, C and D (PTX below).
     ``acc``: a tuple of 2 uint32, each two float16 of C (register ``r`` half ``h``: element
     ``mma_c_row_col(2 r + h, lane)``; build them with :func:`pack_f16x2`, read them with :func:`unpack_f16x2`);
     ``a`` / ``b``: as for :func:`mma_m16n8k16`, float16 elements. Same guarantees (all 32 lanes together)."""
@@ -305,10 +306,11 @@ def ldmatrix(typingctx, tile, offset, count, trans):
     """Load ``count`` (1, 2 or 4) 8 x 8 matrices of 16-bit elements from shared memory into fragments:
     returns a tuple of ``count`` uint32 (register ``i``: this lane's two elements of matrix ``i``).
 
-    Emits ``ldmatrix.sync.aligned.m8n8.x<count>[.trans].shared.b16 {r0, ..}, [addr];`` with
-    ``addr = &tile[0] + 2 * offset`` (32-bit shared-window address). ``tile``: a C-contiguous shared array of
-    16-bit elements (uint16 - bfloat16 data -, int16 or float16); ``offset``: the element offset of the row
-    this lane supplies (lanes 8 i .. 8 i + 7: rows 0..7 of matrix i; lanes past 8 * count are not used).
+    Emits the warp's ``ldmatrix`` of ``count`` 8 x 8 b16 matrices (``.x<count>``, ``.trans`` with ``trans``;
+    PTX below) with ``addr = &tile[0] + 2 * offset`` (32-bit shared-window address). ``tile``: a C-contiguous
+    shared array of 16-bit elements (uint16 - bfloat16 data -, int16 or float16); ``offset``: the element
+    offset of the row this lane supplies (lanes 8 i .. 8 i + 7: rows 0..7 of matrix i; lanes past 8 * count
+    are not used).
     Register ``i``: row ``lane // 4`` of matrix ``i``, columns ``2 (lane % 4)`` (low half) and ``+1``; with
     ``trans`` (a constant bool) column ``lane // 4``, rows ``2 (lane % 4)`` and ``+1``.
 
@@ -339,10 +341,10 @@ def stmatrix(typingctx, tile, offset, values, trans):
     """Store ``len(values)`` (1, 2 or 4) 8 x 8 matrices of 16-bit elements from fragments into shared memory:
     the inverse of :func:`ldmatrix` with the same ``count`` and ``trans``.
 
-    Emits ``stmatrix.sync.aligned.m8n8.x<count>[.trans].shared.b16 [addr], {r0, ..};`` (sm_90+) with
-    ``addr = &tile[0] + 2 * offset``. ``values``: a tuple of 1, 2 or 4 uint32 (register ``i``: this lane's two
-    elements of matrix ``i``, laid out as ldmatrix returns them); ``tile``, ``offset``, ``trans`` and the
-    rows each lane addresses: as for :func:`ldmatrix`.
+    Emits the warp's ``stmatrix`` of ``count`` 8 x 8 b16 matrices (``.x<count>``, ``.trans`` with ``trans``;
+    sm_90+; PTX below) with ``addr = &tile[0] + 2 * offset``. ``values``: a tuple of 1, 2 or 4 uint32
+    (register ``i``: this lane's two elements of matrix ``i``, laid out as ldmatrix returns them); ``tile``,
+    ``offset``, ``trans`` and the rows each lane addresses: as for :func:`ldmatrix`.
 
     The caller guarantees what :func:`ldmatrix` needs, and synchronises before other threads read the rows.
     Targets: sm_90a, sm_100a, sm_120a; compiling for an sm_8x target raises ``UnsupportedTarget``."""
@@ -382,15 +384,17 @@ def _pack(op, kind, lo, hi):
 @device_op(simulate=lambda lo, hi: _sim_pack(lo, hi, "bf16"))
 def pack_bf16x2(typingctx, lo, hi):
     """Two float32 rounded (to nearest even) to bfloat16 and packed into one uint32: ``lo`` in bits 0-15,
-    ``hi`` in bits 16-31 - one register of an A / B fragment. Emits ``cvt.rn.bf16x2.f32 d, hi, lo;`` (PTX
-    puts its first source in the upper half). Float64 or integer arguments are converted to float32 first."""
+    ``hi`` in bits 16-31 - one register of an A / B fragment. Emits one ``cvt.rn`` to ``.bf16x2`` with ``hi``
+    as its first source (PTX puts its first source in the upper half; PTX below). Float64 or integer arguments
+    are converted to float32 first."""
     return _pack("pack_bf16x2", "bf16", lo, hi)
 
 
 @device_op(simulate=lambda lo, hi: _sim_pack(lo, hi, "f16"))
 def pack_f16x2(typingctx, lo, hi):
     """Two float32 rounded (to nearest even; overflow gives infinity) to float16 and packed into one uint32:
-    ``lo`` in bits 0-15, ``hi`` in bits 16-31. Emits ``cvt.rn.f16x2.f32 d, hi, lo;``."""
+    ``lo`` in bits 0-15, ``hi`` in bits 16-31. Emits one ``cvt.rn`` to ``.f16x2`` with ``hi`` as its first
+    source, as :func:`pack_bf16x2` (PTX below)."""
     return _pack("pack_f16x2", "f16", lo, hi)
 
 

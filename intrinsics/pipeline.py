@@ -156,9 +156,10 @@ def Pipeline(typingctx, stages, producer_arrivals, consumer_arrivals):  # noqa: 
     """Create a pipeline of ``stages`` (a constant, 1..64) shared-memory stages; collective: every thread
     of the block calls it (it ends with a block barrier).
 
-    Emits, for thread (0,0,0): ``mbarrier.init.shared::cta.b64`` of each full barrier with
-    ``producer_arrivals`` and each empty barrier with ``consumer_arrivals``, then
-    ``fence.mbarrier_init.release.cluster``; then ``bar.sync 0`` for all threads. The caller guarantees
+    Emits, for thread (0,0,0) (a predicate from ``%tid``): an ``mbarrier.init`` of each full barrier with
+    ``producer_arrivals`` and of each empty barrier with ``consumer_arrivals``, then the cluster-scope
+    ``fence.mbarrier_init`` (PTX below, shown for 2 stages: one init per barrier); then a block barrier
+    (``llvm.nvvm.barrier0``, as ``cuda.syncthreads()``) for all threads. The caller guarantees
     the arrival counts match how many threads call ``producer_commit*`` / ``consumer_release`` per stage."""
     op = "Pipeline"
     n = require_literal_int(op, "the number of stages", stages, 1, MAX_STAGES)
@@ -286,8 +287,8 @@ def producer_acquire(pipe):
 
 def load(pipe, tile, desc, coords):
     """TMA-load the box of ``desc`` at ``coords`` into ``tile`` (part of the acquired stage); the stage's
-    full barrier expects ``desc.box_bytes`` more bytes. Emits ``mbarrier.expect_tx`` then
-    ``cp.async.bulk.tensor...mbarrier::complete_tx::bytes``. One thread (the one that commits)."""
+    full barrier expects ``desc.box_bytes`` more bytes. Runs ``mbarrier_expect_tx`` on that barrier, then
+    ``tma_load`` (their PTX: their docstrings). One thread (the one that commits)."""
     bar = _full(pipe, _get(pipe, PSTAGE))
     mbarrier_expect_tx(bar, desc.box_bytes)
     tma_load(tile, desc, coords, bar)

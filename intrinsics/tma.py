@@ -254,8 +254,8 @@ def tma_load(typingctx, dst, desc, coords, bar):
     """Start a TMA load of the box at ``coords`` of ``desc`` into the shared tile ``dst``; completion is
     signalled on ``bar`` as ``desc.box_bytes`` transaction bytes.
 
-    Emits ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
-    [dst], [desc, {c_innermost, ...}], [bar];``.
+    Emits the ``cp.async.bulk.tensor`` tile load of the descriptor's rank, the coordinates innermost first
+    (PTX below).
 
     The caller guarantees: one thread issues it; ``bar`` expects the bytes (``mbarrier_arrive_expect_tx``
     with ``desc.box_bytes`` per load) in the phase being waited on; ``dst`` is aligned to 128 bytes
@@ -269,7 +269,8 @@ def tma_load(typingctx, dst, desc, coords, bar):
 @device_op(simulate=lambda desc, coords, src: sim_store(desc, coords, src))
 def tma_store(typingctx, desc, coords, src):
     """Start a TMA store of the shared tile ``src`` to the box at ``coords`` of ``desc``, in the current
-    bulk group. Emits ``cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group [desc, {...}], [src];``.
+    bulk group. Emits the ``cp.async.bulk.tensor`` tile store of the descriptor's rank into the bulk group
+    (PTX below).
 
     The caller guarantees: the threads that wrote ``src`` executed ``fence_proxy_async_shared_cta()``
     and then a block barrier before one thread issues the store; ``src`` is not overwritten before
@@ -603,8 +604,9 @@ def tma_reduce(typingctx, kind, desc, coords, src):
     ``s`` the tile's element (out-of-bounds elements of the box are skipped).
 
     ``kind`` is a string constant: ``"add"``, ``"min"``, ``"max"``, ``"inc"`` (``g >= s ? 0 : g + 1``),
-    ``"dec"`` (``g == 0 or g > s ? s : g - 1``), ``"and"``, ``"or"``, ``"xor"``. Emits
-    ``cp.reduce.async.bulk.tensor.<r>d.global.shared::cta.<kind>.tile.bulk_group [desc, {...}], [src];``.
+    ``"dec"`` (``g == 0 or g > s ? s : g - 1``), ``"and"``, ``"or"``, ``"xor"``. Emits the
+    ``cp.reduce.async.bulk.tensor`` tile reduce of the descriptor's rank with ``.<kind>``, into the bulk group
+    (PTX below).
 
     The descriptor's element type must be one PTX defines the reduction for (checked at typing time):
     add: uint32, int32, uint64, float32, float16, bfloat16; min/max: uint32, int32, uint64, int64, float16,

@@ -644,13 +644,15 @@ def _check_operands(op, acc, a, b):
 def wgmma(typingctx, acc, a, b, scale_d):
     """``acc = A @ B + (acc if scale_d else 0)`` for the warpgroup's m64nN tile, issued asynchronously.
 
-    Emits ``wgmma.mma_async.sync.aligned.m64n<N>k<K>.<f32|f16>.<A kind>.<B kind> d, a-desc|a, b-desc, p, 1, 1
-    [, trans-a, trans-b];`` with ``p = (scale_d != 0)`` (a predicate set from the run-time value: pass 0 on
-    the first k-step of a tile to overwrite instead of accumulating) and the transposes from the operands'
-    majors (MN-major = 1). ``acc`` is tied in and out; N comes from the accumulator's type, the kinds from the
-    operands'. ``a``: a :func:`wgmma_desc` operand, or a register fragment (four uint32: 8 bf16/f16 or 4 tf32
-    values per thread, the A fragment layout of the PTX ISA). ``b``: a :func:`wgmma_desc` operand with at least
-    N columns. The returned accumulator must not be read before :func:`wgmma_wait_group` returns it.
+    Emits ``wgmma.mma_async`` m64nNkK of the accumulator's type (f32 or f16) and the A and B kinds - A from a
+    descriptor or registers, B from a descriptor, scale-a and scale-b 1 (PTX below) - with
+    ``p = (scale_d != 0)`` (a predicate set from the run-time value: pass 0 on the first k-step of a tile to
+    overwrite instead of accumulating) and, for 16-bit kinds, the transposes (A's only from shared memory)
+    from the operands' majors (MN-major = 1). ``acc`` is tied in and out; N comes from the accumulator's type,
+    the kinds from the operands'. ``a``: a :func:`wgmma_desc` operand, or a register fragment (four uint32:
+    8 bf16/f16 or 4 tf32 values per thread, the A fragment layout of the PTX ISA). ``b``: a :func:`wgmma_desc`
+    operand with at least N columns. The returned accumulator must not be read before :func:`wgmma_wait_group`
+    returns it.
 
     **Ranges**: with ``b`` a range of k-steps (``wgmma_desc(..., k=(k0, k1))``) and ``a`` a range of as many
     steps or a tuple of as many register fragments (``wgmma_a_fragments``), one call issues every step back to

@@ -49,6 +49,7 @@ from numbatma.intrinsics import (
     bulk_wait_group_read,
     elect_one_sync,
     fence_proxy_async_shared_cta,
+    named_barrier_arrive,
     named_barrier_sync,
     setmaxnreg_dec,
     setmaxnreg_inc,
@@ -87,24 +88,38 @@ NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
+CONSUMER_THREADS = 2 * WARPGROUP
+PINGPONG = 3  # named barriers 3 and 4: the consumers' turns to issue (1 and 2: their epilogues)
+SCHEDULES = ("serial", "overlap", "pingpong")
 
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """What an :class:`Attention` plan runs: key block ``bn``, K/V pipeline ``stages``, the shared memory."""
+    """What an :class:`Attention` plan runs: key block ``bn``, K/V pipeline ``stages``, the shared memory, and the
+    consumers' ``schedule``: "serial" (each product issued and waited for in turn), "overlap" (FA3's intra-warpgroup
+    overlap: ``S`` of block j issued together with ``P V`` of block j - 1, the softmax of j running while ``P V``
+    does) or "pingpong" (overlap, and the two consumer warpgroups take turns to issue - named barriers - so that
+    one's softmax runs under the other's products)."""
 
     bn: int
     stages: int
     smem_bytes: int
+    schedule: str = "pingpong"
 
     @property
     def tile(self):
         return (BM, self.bn)
 
 
-def default_config(d, *, bn=None, stages=None):
+def default_config(d, *, bn=None, stages=None, schedule=None):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
-    (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256)."""
+    (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256); the
+    "pingpong" schedule (FA3's) for D <= 128 and "serial" for D = 256 - to be confirmed by measurement
+    (benchmarks/attention.py --only variants)."""
+    if schedule is None:  # (D = 256 overlapped would hold S, P and O at once: 200+ registers, spills)
+        schedule = "pingpong" if d <= 128 else "serial"
+    if schedule not in SCHEDULES:
+        raise TensorMapError(f"Attention: schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     if bn is None:
         bn = 128 if d <= 128 else 64
     most = 128 if d <= 128 else 64  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
@@ -122,7 +137,7 @@ def default_config(d, *, bn=None, stages=None):
         raise TensorMapError(f"Attention: stages={stages} with head dim {d} and bn={bn} needs "
                              f"{q_bytes + stages * stage_bytes} bytes of shared memory; at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
-    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes)
+    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule)
 
 
 # -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
@@ -168,8 +183,9 @@ def _item(t, bh, nmb, causal):
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
+def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
     """The kernel of one configuration (every argument a compile-time constant of the closure)."""
+    pingpong = schedule == "pingpong"
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
     box_kv = bn * CHUNK  # elements of one K or V box (bn x 64)
@@ -184,25 +200,46 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
         return shared_view(smem, (w * chunks + c) * box_q, (WG_ROWS, CHUNK))
 
     @cuda.jit(device=True, inline="always")
-    def qk(smem, q_map, k_map, w, ks):
-        """``S = Q_w Kᵀ`` for K stage ``ks``: the D / 16 k-steps in one wgmma call (back to back), waited for.
-        Both tiles are K-major with their 64-wide chunks side by side along K (the head dim)."""
+    def issue_qk(smem, q_map, k_map, w, ks):
+        """Issue ``S = Q_w Kᵀ`` for K stage ``ks`` - the D / 16 k-steps in one wgmma call, back to back - and commit
+        it (the caller waits). Both tiles are K-major with their 64-wide chunks side by side along K (the head
+        dim)."""
         q_all = shared_view(smem, w * chunks * box_q, (chunks, WG_ROWS, CHUNK))
         k_all = shared_view(smem, k_base + ks * kv_elems, (chunks, bn, CHUNK))
         s = wgmma_fence(wgmma_zeros(bn))
-        s = wgmma(s, wgmma_desc(q_all, q_map, "K", 0, (0, d)), wgmma_desc(k_all, k_map, "K", 0, (0, d)), 1)
+        s = wgmma(s, wgmma_desc(q_all, q_map, "K", 0, (0, d)), wgmma_desc(k_all, k_map, "K", 0, (0, d)), 0)
         wgmma_commit_group()
-        return wgmma_wait_group(0, s)
+        return s
 
     @cuda.jit(device=True, inline="always")
-    def pv(o, p, smem, v_map, vs):
-        """``O += P V`` for V stage ``vs``, P from registers: the bn / 16 k-steps in one wgmma call, waited for.
+    def issue_pv(o, p, smem, v_map, vs):
+        """Issue ``O += P V`` for V stage ``vs``, P from registers - the bn / 16 k-steps in one call - and commit it.
         V's tile is (keys = K) x (head dim = N): MN-major, its chunks side by side along N."""
         v_tile = shared_view(smem, v_base + vs * kv_elems, (chunks, bn, CHUNK))
         o, p = wgmma_fence((o, p))
         o = wgmma(o, p, wgmma_desc(v_tile, v_map, "MN", 0, (0, bn)), 1)
         wgmma_commit_group()
-        return wgmma_wait_group(0, o)
+        return o
+
+    @cuda.jit(device=True, inline="always")
+    def softmax(s, j, sk, m0, w, row0, scale_log2, state):
+        """The online softmax of key block ``j`` on S (returned by its wait): the mask where needed, the new row
+        maxima, ``P = exp2(S·scale·log2 e - m)`` (float32), the factor ``f`` that rescales O and the sums
+        from the old maxima to the new. ``state = (m_a, m_b, l_a, l_b)`` of the thread's two rows."""
+        m_a, m_b, l_a, l_b = state
+        kv0 = j * bn
+        if kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
+            s = wgmma_map(s, _mask, (kv0, sk, row0, causal))
+        r_a, r_b = wgmma_row_reduce(s, _max, NEG_INF)
+        n_a = max(m_a, r_a * scale_log2)
+        n_b = max(m_b, r_b * scale_log2)
+        u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
+        u_b = n_b if n_b != NEG_INF else ZERO
+        p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
+        f_a = math.exp2(m_a - u_a)
+        f_b = math.exp2(m_b - u_b)
+        sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
+        return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
 
@@ -251,6 +288,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
             tw = cuda.threadIdx.x - wg * WARPGROUP
             lane = cuda.threadIdx.x % 32
             row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
+            if pingpong and w == 1 and cuda.blockIdx.x < total:
+                named_barrier_arrive(PINGPONG, CONSUMER_THREADS)  # consumer 0 issues first
             for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
                 bh, m0 = _item(t, batch_heads, nmb, causal)
                 b = bh // heads
@@ -265,32 +304,56 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
                 l_b = ZERO
                 o = wgmma_zeros(d)
                 qpipe.consumer_wait()
-                for j in range(blocks):
+                state = (m_a, m_b, l_a, l_b)
+                if schedule == "serial":  # each product issued and waited for in turn
+                    for j in range(blocks):
+                        ks = kpipe.consumer_wait()
+                        sacc = wgmma_wait_group(0, issue_qk(smem, q_map, k_map, w, ks))
+                        if lane == 0:
+                            kpipe.consumer_release()
+                        p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                        o = wgmma_map(o, _scale_rows, f)
+                        vs = vpipe.consumer_wait()
+                        o = wgmma_wait_group(0, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs))
+                        if lane == 0:
+                            vpipe.consumer_release()
+                else:  # S of block j is issued with P V of block j - 1; the softmax of j runs while P V does.
+                    # Between an issue and its wait no instruction writes a register a later wgmma reads (P's
+                    # fragments, O's rescaling come after the wait): else ptxas serializes every wgmma (C7513).
+                    if pingpong:
+                        named_barrier_sync(PINGPONG + w, CONSUMER_THREADS)  # my turn to issue
                     ks = kpipe.consumer_wait()
-                    s = qk(smem, q_map, k_map, w, ks)
+                    sacc = issue_qk(smem, q_map, k_map, w, ks)
+                    if pingpong:
+                        named_barrier_arrive(PINGPONG + 1 - w, CONSUMER_THREADS)  # the other's turn
+                    sacc = wgmma_wait_group(0, sacc)
                     if lane == 0:
                         kpipe.consumer_release()
-                    kv0 = j * bn
-                    if kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
-                        s = wgmma_map(s, _mask, (kv0, sk, row0, causal))
-                    r_a, r_b = wgmma_row_reduce(s, _max, NEG_INF)
-                    n_a = max(m_a, r_a * scale_log2)
-                    n_b = max(m_b, r_b * scale_log2)
-                    u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
-                    u_b = n_b if n_b != NEG_INF else ZERO
-                    p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
-                    f_a = math.exp2(m_a - u_a)
-                    f_b = math.exp2(m_b - u_b)
-                    o = wgmma_map(o, _scale_rows, (f_a, f_b))
-                    sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
-                    l_a = l_a * f_a + sum_a
-                    l_b = l_b * f_b + sum_b
-                    m_a = n_a
-                    m_b = n_b
+                    p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
+                    pf = wgmma_a_fragments(p, kind)  # (O is zero: nothing to rescale)
+                    for j in range(1, blocks):
+                        if pingpong:
+                            named_barrier_sync(PINGPONG + w, CONSUMER_THREADS)
+                        ks = kpipe.consumer_wait()
+                        sacc = issue_qk(smem, q_map, k_map, w, ks)
+                        vs = vpipe.consumer_wait()
+                        o = issue_pv(o, pf, smem, v_map, vs)
+                        if pingpong:
+                            named_barrier_arrive(PINGPONG + 1 - w, CONSUMER_THREADS)
+                        sacc = wgmma_wait_group(1, sacc)  # S of block j is done; P V of j - 1 runs on
+                        if lane == 0:
+                            kpipe.consumer_release()
+                        p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                        o = wgmma_wait_group(0, o)
+                        if lane == 0:
+                            vpipe.consumer_release()
+                        o = wgmma_map(o, _scale_rows, f)  # O (through block j - 1) to the maxima of block j
+                        pf = wgmma_a_fragments(p, kind)
                     vs = vpipe.consumer_wait()
-                    o = pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs)
+                    o = wgmma_wait_group(0, issue_pv(o, pf, smem, v_map, vs))
                     if lane == 0:
                         vpipe.consumer_release()
+                m_a, m_b, l_a, l_b = state
                 # epilogue: normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
                 o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
                 if lane % 4 == 0:
@@ -309,6 +372,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
                     bulk_commit_group()
                     bulk_wait_group_read(0)  # the stores have read the Q stage: the producer may refill it
                     qpipe.consumer_release()
+            if pingpong and w == 0 and cuda.blockIdx.x < total:
+                named_barrier_sync(PINGPONG, CONSUMER_THREADS)  # the other's last hand-over (balances its first)
             if tw == 0:
                 bulk_wait_group(0)
 
@@ -318,11 +383,12 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind):
 class Attention(Plan):
     """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
-    ``stages``, ``grid`` (CTAs; default one per SM). ``lse``: a (B, Hq, Sq) float32 array, or None (the plan
-    allocates one). ``launch(stream)`` returns ``(o, lse)``."""
+    ``stages``, ``schedule`` ("serial", "overlap", "pingpong": :class:`AttentionConfig`), ``grid`` (CTAs; default
+    one per SM). ``lse``: a (B, Hq, Sq) float32 array, or None (the plan allocates one). ``launch(stream)`` returns
+    ``(o, lse)``."""
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 grid=None):
+                 schedule=None, grid=None):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -372,7 +438,7 @@ class Attention(Plan):
         self._prepared = None
         if bq * hq * sq == 0:
             return
-        self.config = default_config(d, bn=bn, stages=stages)
+        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
@@ -395,7 +461,8 @@ class Attention(Plan):
         self.flops = 4.0 * bq * hq * sq * sk * d * (0.5 if self.causal else 1.0)
         self.key_blocks = blocks
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
-        self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind)
+        self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
+                                        cfg.schedule)
 
     def _key_blocks(self):
         _, _, _, sq, sk, _ = self.shape

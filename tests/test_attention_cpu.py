@@ -35,6 +35,7 @@ def arrays(b=2, hq=4, hk=4, sq=1000, sk=1000, d=128, layout="bhsd", dtype=np.flo
 
 def test_tile_choice():
     assert default_config(64) .bn == 128 and default_config(128).bn == 128 and default_config(256).bn == 64
+    assert default_config(128).schedule == "pingpong" and default_config(256).schedule == "serial"
     for d in (64, 128, 256):
         cfg = default_config(d)
         assert cfg.smem_bytes <= _launch.SMEM_PER_BLOCK - 1024
@@ -66,6 +67,8 @@ def test_bad_arguments():
         Attention(*arrays(d=256), bn=128)
     with pytest.raises(TensorMapError, match="stages=9"):
         Attention(q, k, v, o, lse, stages=9)
+    with pytest.raises(TensorMapError, match="schedule must be one of 'serial', 'overlap', 'pingpong'"):
+        Attention(q, k, v, o, lse, schedule="fast")
 
 
 def test_work_items_and_flops():
@@ -79,28 +82,40 @@ def test_work_items_and_flops():
 _SASS = {}
 
 
-def _sass(d, causal, layout):
-    key = (d, causal, layout)
+def _sass(d, causal, layout, schedule):
+    key = (d, causal, layout, schedule)
     if key not in _SASS:
-        plan = Attention(*arrays(d=d, layout=layout, hk=2), causal=causal, layout=layout)
+        plan = Attention(*arrays(d=d, layout=layout, hk=2), causal=causal, layout=layout, schedule=schedule)
         _SASS[key] = (plan, nbc.sass(nbc.compile_cubin(plan.kernel.py_func, plan.args, max_registers=MAX_REGISTERS)))
     return _SASS[key]
 
 
-@pytest.mark.parametrize("d, causal, layout", [(64, False, "bhsd"), (128, True, "bshd"), (256, False, "bhsd")])
-def test_kernel_sass(d, causal, layout):
-    plan, sass = _sass(d, causal, layout)
+def _ops(sass):
+    return [line.split("*/")[1].split(";")[0].split()[0] + (" " + line.split("gsb0, ")[1][:3] if "DEPBAR" in line
+                                                            else "")
+            for line in sass.splitlines() if "*/" in line and ("HGMMA" in line or "WARPGROUP.DEPBAR" in line)]
+
+
+@pytest.mark.parametrize("d, causal, layout, schedule", [
+    (64, False, "bhsd", "serial"), (128, True, "bshd", "serial"), (256, False, "bhsd", "serial"),
+    (64, True, "bhsd", "overlap"), (128, False, "bhsd", "pingpong"), (128, True, "bshd", "pingpong")])
+def test_kernel_sass(d, causal, layout, schedule):
+    plan, sass = _sass(d, causal, layout, schedule)
     bn = plan.config.bn
-    lines = [line for line in sass.splitlines() if "HGMMA" in line or "WARPGROUP.DEPBAR" in line]
-    hgmma = [line for line in lines if "HGMMA" in line]
-    assert len(hgmma) == d // 16 + bn // 16, "\n".join(lines)  # QKᵀ: D / 16 k-steps; PV: bn / 16
-    # one wait per product: the k-steps of each product are issued back to back
-    assert len([line for line in lines if "DEPBAR" in line]) == 2, "\n".join(lines)
-    assert f"HGMMA.64x{bn}x16.F32" in sass and f"HGMMA.64x{d}x16.F32" in sass
+    qk, pv = f"HGMMA.64x{bn}x16.F32", f"HGMMA.64x{d}x16.F32"
+    ops = _ops(sass)
+    if schedule == "serial":  # each product: its k-steps back to back, then one wait
+        assert ops == [qk] * (d // 16) + ["WARPGROUP.DEPBAR.LE 0x0"] + [pv] * (bn // 16) + ["WARPGROUP.DEPBAR.LE 0x0"], ops
+    else:  # block 0's S; then S of block j and P V of block j - 1 back to back, two waits; the last P V
+        assert ops == ([qk] * (d // 16) + ["WARPGROUP.DEPBAR.LE 0x0"] + [qk] * (d // 16) + [pv] * (bn // 16)
+                       + ["WARPGROUP.DEPBAR.LE 0x1", "WARPGROUP.DEPBAR.LE 0x0"] + [pv] * (bn // 16)
+                       + ["WARPGROUP.DEPBAR.LE 0x0"]), ops
     assert "STL" not in sass and "LDL" not in sass, "local memory in the attention kernel"
     assert sass.count("USETMAXREG") == 2
     assert "UTMALDG" in sass and "UTMASTG" in sass
     assert re.search(r"MUFU\.EX2", sass)
+    if schedule == "pingpong":  # the consumers' turns: bar.sync / bar.arrive on barriers 3 and 4
+        assert "BAR.ARV" in sass
 
 
 def test_other_targets_refuse_wgmma():

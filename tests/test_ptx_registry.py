@@ -1,6 +1,7 @@
 """CPU: the PTX registry. Every Ptx description a family module defines is in its PTX table (so all_ptx() and
 docs/ptx.md show it), the package exports exactly the families' __all__, and docs/ptx.md is up to date."""
 import os
+import re
 import subprocess
 import sys
 
@@ -91,3 +92,124 @@ def test_the_type_modules_do_not_import_the_descriptor_modules():
         tree = ast.parse(open(os.path.join(ROOT, "numbatma", name)).read())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
         assert not imported & {"tensormap", "im2col"}, (name, imported)
+
+
+# -- the PTX sections of the intrinsics' docstrings -----------------------------------------------------------
+def _table_texts(name, table):
+    """The collapsed texts of the table entries of intrinsic ``name`` (keyed ``name`` or ``name(...)``)."""
+    return {" ".join(p.text.split()) for k, p in table.items() if k == name or k.startswith(name + "(")}
+
+
+def test_every_intrinsic_with_table_entries_shows_one_in_its_docstring():
+    import inspect
+
+    from numbatma.intrinsics._define import PTX_SECTION
+
+    table = I.all_ptx()
+    with_entries = [n for n in I.__all__ if _table_texts(n, table)]
+    assert len(with_entries) > 80
+    for name in with_entries:
+        doc = inspect.getdoc(getattr(I, name))
+        assert doc.count(PTX_SECTION) == 1, name
+        shown = doc.split(PTX_SECTION)[1].split("``")[1]
+        assert shown in _table_texts(name, table), (name, shown)
+    for name in ("shared_view", "wgmma_row_col", "swizzle_offset"):  # (no PTX: pure arithmetic)
+        assert PTX_SECTION not in (inspect.getdoc(getattr(I, name)) or ""), name
+    assert "tma_load(rank=2); 4 more variants" in I.tma_load.__doc__
+
+
+def test_the_ptx_sections_are_added_once():
+    """Adding the sections again (a second import of the package runs it again) changes no docstring."""
+    from numbatma.intrinsics._define import add_ptx_sections
+
+    objects = {n: getattr(I, n) for n in I.__all__}
+    before = {n: o.__doc__ for n, o in objects.items()}
+    documented, refused = add_ptx_sections(objects, I.all_ptx())
+    assert documented and not refused
+    assert {n: o.__doc__ for n, o in objects.items()} == before
+    code = ("import sys, numbatma.intrinsics as I; from numbatma.intrinsics._define import PTX_SECTION; "
+            "del sys.modules['numbatma.intrinsics']; import numbatma.intrinsics as J; assert J is not I; "
+            "print(J.tma_load.__doc__.count(PTX_SECTION), J.Pipeline.__doc__.count(PTX_SECTION))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
+
+
+def test_the_simulator_names_show_the_ptx_section():
+    code = ("import inspect, numbatma.intrinsics as I; from numbatma.intrinsics._define import PTX_SECTION; "
+            "assert inspect.isfunction(I.tma_load); "
+            "print(sum(PTX_SECTION in (inspect.getdoc(getattr(I, n)) or '') for n in I.__all__), "
+            "inspect.getdoc(I.tma_load).count(PTX_SECTION))")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    count, once = map(int, out.stdout.split())
+    table = I.all_ptx()
+    assert count >= len([n for n in I.__all__ if _table_texts(n, table)]) and once == 1
+
+
+# The rule of the check below: in a family module, the paragraph that starts at the word "Emits" (up to the next
+# blank line or docstring end) names no instruction by its complete PTX mnemonic. A ``...`` span whose first word
+# (letters, digits, _ . :, with the placeholders <x> = any, {a,b} = optional a or b, [x] = optional x, ... = any,
+# joined across a line break before a dot) spells in full the mnemonic of an instruction of the table (the first
+# word of each ;-separated statement of its text) is a hand-spelled copy of what the generated PTX section shows;
+# the prose names the family (``cp.async.bulk.tensor``, ``mbarrier.init``) or the intrinsic instead.
+_EMITS = re.compile(r"\b[Ee]mits\b(.*?)(?:\n[ \t]*\n|\"\"\"|$)", re.S)
+_SPAN = re.compile(r"``(.+?)``", re.S)
+_WORD = re.compile(r"[A-Za-z](?:[\w.:]|<[^<>`]*>|\{[^{}`]*\}|\[[^\[\]`]*\])*")
+
+
+def _table_mnemonics():
+    mnemonics = set()
+    for ptx in I.all_ptx().values():
+        for statement in " ".join(ptx.text.split()).split(";"):
+            statement = re.sub(r"^[{}\s]*(?:[A-Z_][A-Z0-9_]*:\s*)?(?:@!?\w+\s+)?", "", statement)
+            word = statement.split(" ", 1)[0]
+            if "." in word and not word.startswith("."):
+                mnemonics.add(word)
+    return mnemonics
+
+
+def _spelling_pattern(word):
+    def part(m):
+        piece = m.group(0)
+        if piece == "...":
+            return r"[\w.:]*"
+        if piece.startswith("<"):
+            return r"[\w.:]+"
+        if piece.startswith("{"):
+            return "(?:" + "|".join(re.escape(a.strip()) for a in piece[1:-1].split(",")) + ")?"
+        if piece.startswith("["):
+            return "(?:" + re.escape(piece[1:-1]) + ")?"
+        return re.escape(piece)
+
+    return re.compile(re.sub(r"\.\.\.|<[^<>]*>|\{[^{}]*\}|\[[^\[\]]*\]|[^<{\[.]+|\.", part, word))
+
+
+def _hand_spelled(source, mnemonics):
+    found = []
+    for paragraph in _EMITS.findall(source):
+        for span in _SPAN.findall(paragraph):
+            word = _WORD.match(re.sub(r"\s+(?=\.)", "", span.strip()))
+            if word and "." in word.group(0):
+                pattern = _spelling_pattern(word.group(0))
+                if any(pattern.fullmatch(m) for m in mnemonics):
+                    found.append(word.group(0))
+    return found
+
+
+def test_the_emits_sentences_spell_no_ptx_of_the_table():
+    mnemonics = _table_mnemonics()
+    assert {"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes", "bar.sync",
+            "mbarrier.init.shared::cta.b64", "cvt.rn.bf16x2.f32"} <= mnemonics
+    sample = ('"""Emits ``cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes\n'
+              '    [dst], ...`` and ``st.async.shared::cluster.mbarrier::complete_tx::bytes{.v2,.v4}.{b32,b64}``."""'
+              '\n"""Emits the ``cp.async.bulk.tensor`` tile load (``mbarrier.init``, ``tma_load``)."""')
+    assert _hand_spelled(sample, mnemonics) == [
+        "cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes{.v2,.v4}.{b32,b64}"]
+    offenders = {}
+    for module in I.FAMILIES + (I._debug_family,):
+        found = _hand_spelled(open(module.__file__).read(), mnemonics)
+        if found:
+            offenders[os.path.basename(module.__file__)] = found
+    assert not offenders, f"hand-spelled PTX in an 'Emits' sentence (the generated PTX section shows it): {offenders}"

@@ -18,17 +18,19 @@ def two_sms(monkeypatch):
     monkeypatch.setattr(_launch, "sm_count", lambda *a: 2)  # a persistent grid of 2: several items per CTA
 
 
-CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, layout, bn)
-    (1, 1, 1, 100, 70, 64, False, "bhsd", 64),  # ragged query and key ends, one query block, two key blocks
-    (1, 2, 1, 130, 130, 64, True, "bshd", 64),  # causal diagonal, two query blocks, GQA, (B, S, H, D) arrays
-    (1, 1, 1, 17, 40, 128, False, "bhsd", 32),  # D = 128 (two chunks), a tiny query block, bn = 32
+CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, layout, bn, schedule)
+    (1, 1, 1, 100, 70, 64, False, "bhsd", 64, None),  # ragged ends, one query block, two key blocks; pingpong
+    (1, 2, 1, 130, 130, 64, True, "bshd", 64, None),  # causal diagonal, two query blocks, GQA, (B, S, H, D)
+    (1, 1, 1, 17, 40, 128, False, "bhsd", 32, None),  # D = 128 (two chunks), a tiny query block, bn = 32
+    (1, 1, 1, 70, 100, 64, True, "bhsd", 32, "serial"),  # each product waited for in turn; four key blocks
+    (1, 1, 1, 64, 150, 64, False, "bhsd", 48, "overlap"),  # intra-warpgroup overlap only; bn = 48
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}/{}-{}x{}-d{}-{}-{}-bn{}".format(
-    c[0], c[1], c[2], c[3], c[4], c[5], "causal" if c[6] else "full", c[7], c[8]))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}/{}-{}x{}-d{}-{}-{}-bn{}-{}".format(
+    c[0], c[1], c[2], c[3], c[4], c[5], "causal" if c[6] else "full", c[7], c[8], c[9] or "default"))
 def test_attention_matches_numpy(case):
-    b, hq, hk, sq, sk, d, causal, layout, bn = case
+    b, hq, hk, sq, sk, d, causal, layout, bn, schedule = case
     rng = np.random.default_rng()
     q = rng.standard_normal((b, hq, sq, d)).astype(np.float16)
     k = rng.standard_normal((b, hk, sk, d)).astype(np.float16)
@@ -37,7 +39,7 @@ def test_attention_matches_numpy(case):
     d_o = cuda.to_device(np.full(as_layout(q).shape, np.nan, np.float16))
     d_lse = cuda.to_device(np.full((b, hq, sq), np.nan, np.float32))
     plan = Attention(*(cuda.to_device(as_layout(x)) for x in (q, k, v)), d_o, d_lse, causal=causal, layout=layout,
-                     bn=bn, stages=2)
+                     bn=bn, stages=2, schedule=schedule)
     o, lse = plan.launch()
     got = heads_major(o.copy_to_host(), layout).astype(np.float64)
     got_lse = lse.copy_to_host()
