@@ -491,7 +491,7 @@ class Attention(Plan):
     def output(self):
         return self.o, self.lse
 
-    def launch(self, stream=0):
+    def launch(self, stream=None):
         """Run the attention on ``stream`` (asynchronously, like any launch) and return ``(o, lse)``. The launch is
         prepared on first use (:func:`numbatma.prepare_launch`: arguments converted once) and again when ``scale``
         changed."""
@@ -500,7 +500,7 @@ class Attention(Plan):
         if self._prepared is None or self._prepared[0] != self.scale:
             self._prepared = self.scale, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
                                                         self.shared_mem)
-        self._prepared[1](stream)
+        self._prepared[1](self.stream_for(stream))
         return self.output
 
     def __repr__(self):

@@ -152,7 +152,7 @@ class TmaCopy(Plan):
         return self.dst
 
 
-def tma_copy(src, dst, box=None, *, swizzle=0, stream=0):
+def tma_copy(src, dst, box=None, *, swizzle=0, stream=None):
     """Copy ``src`` into ``dst`` (same shape and dtype, any CUDA arrays) box by box through shared memory
     with TMA (:class:`TmaCopy`). Returns the pair of :class:`TensorMap` used (the store descriptor covers the
     16-byte-aligned part of ``dst``'s rows), so a caller can reuse or inspect them."""

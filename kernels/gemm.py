@@ -546,7 +546,7 @@ class Gemm(Plan):
     def output(self):
         return self.c
 
-    def launch(self, stream=0):
+    def launch(self, stream=None):
         """Run the GEMM on ``stream`` (asynchronous, like any launch) and return ``c``. The launch is prepared on
         first use (:func:`numbatma.prepare_launch`: a few microseconds of host time per launch instead of tens)
         and again when ``alpha`` or ``beta`` changed."""
@@ -556,7 +556,7 @@ class Gemm(Plan):
         if self._prepared is None or self._prepared[0] != key:
             self._prepared = key, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
                                                  self.shared_mem)
-        self._prepared[1](stream)
+        self._prepared[1](self.stream_for(stream))
         return self.c
 
     def __repr__(self):

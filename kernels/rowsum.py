@@ -213,10 +213,10 @@ class RowSum(RowsPlan):
         out_t = types.Array(self.x_map.numba_type.dtype, 1, layout)
         return (self.x_map, out_t, types.int64, types.int64, types.int64)
 
-    def launch(self, stream=0):
+    def launch(self, stream=None):
         """Launch on ``stream`` (asynchronously) and return ``out``; ``n == 0`` fills ``out`` with zeros."""
         if self.rows and self.kernel is None:  # n == 0: every sum is 0
-            _fill_zero_kernel()[ceil_div(self.rows, 256), 256, stream](launch_argument(self.out_view))
+            _fill_zero_kernel()[ceil_div(self.rows, 256), 256, self.stream_for(stream)](launch_argument(self.out_view))
             return self.out
         if self.rows == 0:
             return self.out

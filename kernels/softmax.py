@@ -498,7 +498,7 @@ class Softmax(RowsPlan):
         return (self.x_map, self.out_map, self.out_store.tail, types.int64, types.int64, types.int64,
                 types.int64) + extra
 
-    def launch(self, stream=0):
+    def launch(self, stream=None):
         """Launch on ``stream`` (asynchronously) and return ``out``. Should the rows-mode register path need
         more registers than ``block`` threads can have, the plan switches to the shared-memory loops (once;
         ``plan.fallback`` says so)."""

@@ -425,7 +425,7 @@ class Laplacian5(Plan):
         )
 
 
-def laplacian5(src, dst, *, stream=0, **options):
+def laplacian5(src, dst, *, stream=None, **options):
     """``dst[i, j] = src[i-1, j] + src[i+1, j] + src[i, j-1] + src[i, j+1] - 4 * src[i, j]`` with zeros outside
     the array; builds a :class:`Laplacian5` plan (``options`` as there) and launches it. Returns ``dst``."""
     return run(Laplacian5, src, dst, stream=stream, **options)

@@ -1,0 +1,94 @@
+"""Streams from any CUDA library, as numba-cuda and numbatma's prepared launches take them.
+
+``as_stream(s)`` accepts what users have at hand:
+
+* ``0`` / ``None``: the legacy default stream (``0``);
+* a numba stream (``cuda.stream()``, ``cuda.default_stream()``, ``cuda.external_stream(h)``): returned as it is;
+* an object speaking the CUDA stream protocol (``__cuda_stream__()`` returning ``(version, handle)``: cuda.core
+  streams, recent CuPy and torch streams);
+* a torch stream (``torch.cuda.Stream`` / ``torch.cuda.ExternalStream``: ``.cuda_stream``), a CuPy stream
+  (``.ptr``);
+* a raw ``CUstream`` handle (an ``int``).
+
+Anything but the first two becomes ``numba.cuda.external_stream(handle)`` (a wrapper: the stream stays the caller's
+to destroy), made once per handle. A handle of 0 is the legacy default stream.
+
+``default_stream(arrays)`` is the stream a launch uses when the caller names none: torch's *current* stream when an
+argument is a torch tensor (so numbatma kernels order with the torch ops around them without the caller thinking
+about it), else 0.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+from ._env import SIMULATING
+
+__all__ = ["as_stream", "default_stream", "stream_handle"]
+
+
+def stream_handle(stream):
+    """The ``CUstream`` handle (an int) of any stream object ``as_stream`` accepts; None for a numba stream
+    (already what numba takes). Raises TypeError, naming the type, for anything else."""
+    if stream is None:
+        return 0
+    if isinstance(stream, bool):
+        raise TypeError("a stream, not a bool, is expected (0 or None for the default stream)")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise TypeError(f"a stream handle is a non-negative integer, got {stream}")
+        return stream
+    if _is_numba_stream(stream):
+        return None
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol() if callable(protocol) else protocol
+        try:
+            _, handle = value
+            return int(handle)
+        except (TypeError, ValueError):
+            raise TypeError(f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; the CUDA stream protocol "
+                            f"returns (version, handle)") from None
+    for attribute in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, other wrappers
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise TypeError(f"cannot use a {type(stream).__module__}.{type(stream).__name__} as a CUDA stream: pass a numba, "
+                    f"torch, CuPy or cuda.core stream, an object with __cuda_stream__, or a CUstream handle (int)")
+
+
+def _is_numba_stream(stream):
+    if SIMULATING:
+        return type(stream).__name__ in ("FakeCUDAStream", "Stream")
+    from numba.cuda.cudadrv.driver import Stream
+
+    return isinstance(stream, Stream)
+
+
+def as_stream(stream):
+    """``stream`` (see the module docstring) as numba-cuda takes it: 0, or a numba stream."""
+    handle = stream_handle(stream)
+    if handle is None:
+        return stream
+    if handle == 0 or SIMULATING:
+        return 0
+    return _external(handle)
+
+
+@functools.lru_cache(maxsize=64)
+def _external(handle):
+    from numba import cuda
+
+    return cuda.external_stream(handle)
+
+
+def default_stream(arrays):
+    """torch's current stream (of the first torch tensor's device) when one of ``arrays`` is a torch tensor, else 0.
+    (torch is never imported here: a torch tensor means torch is loaded.)"""
+    torch = sys.modules.get("torch")
+    if torch is None or SIMULATING:
+        return 0
+    for a in arrays:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            return as_stream(torch.cuda.current_stream(a.device).cuda_stream)
+    return 0

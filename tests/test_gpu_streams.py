@@ -1,0 +1,102 @@
+"""GPU tests (marker ``gpu``): numbatma plans launch on every kind of stream (numba, torch, CuPy, cuda.core, a raw
+handle), default to torch's current stream for torch tensors (ordered with the torch ops around them, no
+synchronisation in between), and are captured into CUDA graphs whose replays see new input data."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+from numba import cuda  # noqa: E402
+
+from numbatma.kernels import Attention, Gemm, StreamCopy, stream_copy  # noqa: E402
+
+
+def fresh(shape=(1000, 1024)):
+    return torch.randn(shape, device="cuda"), torch.full(shape, float("nan"), device="cuda")
+
+
+def _streams():
+    s = torch.cuda.Stream()
+    kinds = [("torch", s, s), ("raw handle", s.cuda_stream, s), ("numba", cuda.external_stream(s.cuda_stream), s)]
+    try:
+        from cuda.core import Device
+
+        core = Device().create_stream()
+        kinds.append(("cuda.core", core, torch.cuda.ExternalStream(int(core.handle))))
+    except Exception:  # noqa: BLE001 - (cuda.core too old for create_stream: skip that kind)
+        pass
+    try:
+        import cupy
+
+        cs = cupy.cuda.Stream(non_blocking=True)
+        kinds.append(("cupy", cs, torch.cuda.ExternalStream(cs.ptr)))
+    except ImportError:
+        pass
+    return kinds
+
+
+@pytest.mark.parametrize("kind", range(5))
+def test_every_kind_of_stream(kind):
+    kinds = _streams()
+    if kind >= len(kinds):
+        pytest.skip("that library is not installed")
+    name, stream, as_torch = kinds[kind]
+    src, dst = fresh()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(as_torch):
+        src.mul_(2.0)  # queued on that stream: the copy below must see it
+    StreamCopy(src, dst).launch(stream)
+    as_torch.synchronize()
+    assert torch.equal(dst, src), name
+
+
+def test_default_is_torchs_current_stream():
+    src, dst = fresh()
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        src.add_(1.0)  # a torch op on s ...
+        stream_copy(src, dst)  # ... the copy on s after it, no stream named ...
+        out = dst * 3.0  # ... and a torch op on s reading what the copy wrote
+    s.synchronize()
+    assert torch.equal(out, src * 3.0)
+
+
+def test_graph_capture_replays_with_new_data():
+    src, dst = fresh((512, 1024))
+    plan = StreamCopy(src, dst)
+    plan.launch()  # compile and prepare outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.launch()  # (torch's capture stream is the current stream)
+    for _ in range(3):
+        src.copy_(torch.randn_like(src))
+        dst.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(dst, src)
+
+
+def test_graph_capture_of_gemm_and_attention():
+    a, b = torch.randn((256, 128), device="cuda").bfloat16(), torch.randn((128, 192), device="cuda").bfloat16()
+    c = torch.full((256, 192), float("nan"), device="cuda").bfloat16()
+    q, k, v = (torch.randn((1, 2, 200, 64), device="cuda").bfloat16() for _ in range(3))
+    o = torch.full_like(q, float("nan"))
+    gemm, att = Gemm(a, b, c), Attention(q, k, v, o)
+    gemm.launch()
+    att.launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm.launch()
+        att.launch()
+    a.copy_(torch.randn_like(a))
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert (c.float() - (a.float() @ b.float())).abs().max() <= 0.05 * (a.float().abs() @ b.float().abs()).max()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert (o.float() - ref).abs().max() <= 2 * 2.0 ** -7 * v.float().abs().max()
+    assert not np.isnan(c.float().cpu().numpy()).any()

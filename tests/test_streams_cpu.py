@@ -1,0 +1,93 @@
+"""CPU: numbatma.streams turns every kind of stream a user holds into what numba-cuda launches on (0 for the legacy
+default stream, a numba stream as it is, numba.cuda.external_stream(handle) for the rest), refuses anything else
+naming its type, and picks torch's current stream for plans built from torch tensors."""
+import sys
+import types
+
+import pytest
+
+import numbatma
+from numbatma import streams
+
+
+class ProtocolStream:  # cuda.core-style: the CUDA stream protocol
+    def __init__(self, handle):
+        self.handle_value = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle_value)
+
+
+class TorchLike:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+class CupyLike:
+    def __init__(self, handle):
+        self.ptr = handle
+
+
+@pytest.mark.parametrize("stream, handle", [
+    (None, 0), (0, 0), (1234, 1234), (ProtocolStream(77), 77), (TorchLike(88), 88), (CupyLike(99), 99)])
+def test_handles(stream, handle):
+    assert streams.stream_handle(stream) == handle
+
+
+def test_default_stream_is_zero_and_numba_streams_pass_through():
+    assert streams.as_stream(None) == 0 and streams.as_stream(0) == 0 and streams.as_stream(TorchLike(0)) == 0
+    from numba.cuda.cudadrv.driver import Stream
+
+    numba_stream = Stream.__new__(Stream)  # (no driver here: an instance is enough to check the type test)
+    assert streams.stream_handle(numba_stream) is None and streams.as_stream(numba_stream) is numba_stream
+
+
+def test_other_handles_become_external_streams(monkeypatch):
+    made = []
+    monkeypatch.setattr("numba.cuda.external_stream", lambda h: made.append(h) or ("external", h))
+    streams._external.cache_clear()
+    assert streams.as_stream(ProtocolStream(0x1000)) == ("external", 0x1000)
+    assert streams.as_stream(TorchLike(0x1000)) == ("external", 0x1000)  # made once per handle
+    assert streams.as_stream(CupyLike(0x2000)) == ("external", 0x2000)
+    assert made == [0x1000, 0x2000]
+    streams._external.cache_clear()
+
+
+@pytest.mark.parametrize("bad, words", [
+    (object(), "cannot use a builtins.object as a CUDA stream"),
+    (True, "not a bool"),
+    (-1, "non-negative"),
+    (types.SimpleNamespace(__cuda_stream__=lambda: 5), "returns (version, handle)"),
+])
+def test_bad_streams_are_refused(bad, words):
+    with pytest.raises(TypeError) as info:
+        streams.stream_handle(bad)
+    assert words in str(info.value)
+
+
+def test_torch_tensors_launch_on_torchs_current_stream(monkeypatch):
+    class Tensor:
+        is_cuda = True
+        device = "cuda:0"
+
+    fake_torch = types.SimpleNamespace(
+        Tensor=Tensor, cuda=types.SimpleNamespace(current_stream=lambda device: TorchLike(0xABC)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(streams, "_external", lambda h: ("external", h))
+    assert streams.default_stream([object(), Tensor()]) == ("external", 0xABC)
+    assert streams.default_stream([object()]) == 0
+
+
+def test_plans_resolve_streams():
+    from numbatma.kernels import Plan
+
+    class Tiny(Plan):
+        def __init__(self, a, b, flag=1):
+            pass
+
+    plan = Tiny("a", "b", flag=2)
+    assert plan._user_arrays == ("a", "b")
+    assert plan.stream_for(None) == 0 and plan.stream_for(0) == 0
+    with pytest.raises(TypeError, match="as a CUDA stream"):
+        plan.stream_for("s")
+    assert numbatma.streams is streams
