@@ -16,6 +16,7 @@ from . import (
     cluster_copy,
     descriptor,
     fence,
+    griddep,
     im2col,
     mbarrier,
     mma,
@@ -31,7 +32,7 @@ from ._define import add_ptx_sections as _add_ptx_sections
 
 #: The PTX families, one module each: their ``__all__`` is this package's API, their ``PTX`` tables ``all_ptx()``.
 FAMILIES = (mbarrier, tma, fence, async_copy, warp, pipeline, smem, cache, bulk, cluster, cluster_copy, descriptor,
-            im2col, swizzle, mma, _wgmma_family, accumulator)
+            im2col, swizzle, mma, _wgmma_family, accumulator, griddep)
 
 __all__ = []
 for _module in FAMILIES:

@@ -18,7 +18,9 @@ handle (:func:`numbatma.streams.as_stream`). With none given, a plan built from 
 
 Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once, a few microseconds of host
 time per launch instead of tens) on first use, and again whenever ``kernel`` changes; a plan's arguments are fixed
-when it is built (a plan whose scalars may change, such as ``Gemm.alpha``, prepares again itself).
+when it is built (a plan whose scalars may change, such as ``Gemm.alpha``, prepares again itself). Plans never
+launch dependent (``prepare_launch(..., scoped=False)``: ``numbatma.dependent_launch()`` does not reach them), as
+their kernels do not call ``griddepcontrol_wait`` yet.
 
 The function form of a plan (``stream_copy(src, dst, stream=..., **options)`` etc.) is :func:`run` : build the
 plan, launch it on ``stream``, return its output.
@@ -77,7 +79,7 @@ class Plan:
             prepared = getattr(self, "_prepared_launch", None)
             if prepared is None or prepared[0] is not self.kernel:
                 prepared = self._prepared_launch = (self.kernel, prepare_launch(
-                    self.kernel, self.launch_args(), self.grid, self.block, self.shared_mem))
+                    self.kernel, self.launch_args(), self.grid, self.block, self.shared_mem, scoped=False))
             prepared[1](self.stream_for(stream))
         return self.output
 

@@ -499,7 +499,7 @@ class Attention(Plan):
             return self.output
         if self._prepared is None or self._prepared[0] != self.scale:
             self._prepared = self.scale, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
-                                                        self.shared_mem)
+                                                        self.shared_mem, scoped=False)
         self._prepared[1](self.stream_for(stream))
         return self.output
 

@@ -555,7 +555,7 @@ class Gemm(Plan):
         key = (self.alpha, self.beta)
         if self._prepared is None or self._prepared[0] != key:
             self._prepared = key, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
-                                                 self.shared_mem)
+                                                 self.shared_mem, scoped=False)
         self._prepared[1](self.stream_for(stream))
         return self.c
 

@@ -44,7 +44,7 @@ else:
 
 from .cluster import cluster_kernel, cluster_launch_bounds, max_active_clusters, with_cluster  # noqa: E402
 from .im2col import Im2colTensorMap  # noqa: E402
-from .launch import prepare_launch  # noqa: E402
+from .launch import dependent_launch, prepare_launch  # noqa: E402
 from .views import ArrayLayout, DeviceView, launch_argument  # noqa: E402
 
 
@@ -65,6 +65,7 @@ __all__ = [
     "cluster_kernel",
     "cluster_launch_bounds",
     "max_active_clusters",
+    "dependent_launch",
     "prepare_launch",
     "with_cluster",
     "ArrayLayout",

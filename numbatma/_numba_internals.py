@@ -4,8 +4,8 @@ Tested with numba-cuda 0.30.4 (``TESTED_RANGE``); importing numbatma with a vers
 raises, and ``tests/test_numba_internals.py`` checks that each hooked attribute still exists with the
 expected shape, so an upstream change fails loudly instead of silently miscompiling.
 
-The hooks, each installed by one function (:func:`install` runs 1-6 and 8-10 on the GPU path;
-``numbatma/__init__.py`` runs 7 under the simulator):
+The hooks, each installed by one function (:func:`install` runs 1-6, 8-9 and 11 on the GPU path, and 10 when
+the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator):
 
 1. :func:`install_grid_constant_params`. ``numba.cuda.cudadrv.nvvm.set_cuda_kernel`` (called by
    ``kernel_fixup`` for every kernel, after the return-value argument is dropped): kernel parameters whose LLVM
@@ -59,6 +59,14 @@ The hooks, each installed by one function (:func:`install` runs 1-6 and 8-10 on 
    lowered, so an intrinsic's codegen can name its kernel file:line and the kernel variables of its operands
    (:func:`lowering_site`); ``numba.cuda.dispatcher.CUDACache._index_key`` gets the debug settings appended,
    so the on-disk cache (``cache=True``) never hands a debug build to a normal process or the reverse.
+11. :func:`install_dependent_launches`. Programmatic dependent launch (``numbatma.dependent_launch``):
+   ``numba.cuda.dispatcher.launch`` (the ``cuda.core.launch`` that ``_Kernel.launch`` calls with the
+   ``LaunchConfig`` it has just built for this launch) is wrapped: inside :func:`dependent_launch` the
+   configuration gets ``programmatic_stream_serialization=True`` (CUDA's
+   ``cudaLaunchAttributeProgrammaticStreamSerialization``: the kernel may start before the previous kernel
+   on its stream has finished; it waits with ``griddepcontrol.wait``). It composes with hook 8's cluster
+   launches. Prepared launches (:func:`prepare_launch`) build their configuration with :func:`launch_config`
+   and read the same scope themselves.
 
 Accessors (no patching): the numba-cuda private names numbatma's other modules use, so that they import them
 from here only (points listed by :func:`_accessor_points`): :func:`intrinsic`
@@ -301,12 +309,25 @@ def max_active_clusters(dispatcher, args, block, shared_mem, dims):
     return int(count)
 
 
-def prepare_launch(dispatcher, args, grid, block, shared_mem):
+def launch_config(grid, block, shared_mem, dependent=False):
+    """The ``cuda.core.LaunchConfig`` of a prepared launch: ``grid`` and ``block`` (ints or tuples of 1-3 ints)
+    as 3-tuples, ``shared_mem`` bytes of dynamic shared memory, and with ``dependent`` the programmatic stream
+    serialization attribute (programmatic dependent launch). Builds nothing else, needs no GPU."""
+    from cuda.core import LaunchConfig
+
+    as_tuple = (lambda d: tuple(d) + (1,) * (3 - len(d)) if isinstance(d, tuple) else (int(d), 1, 1))
+    return LaunchConfig(grid=as_tuple(grid), block=as_tuple(block), shmem_size=int(shared_mem),
+                        programmatic_stream_serialization=bool(dependent))
+
+
+def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, scoped=True):
     """A function ``run(stream=0)`` that launches ``dispatcher`` with ``args`` exactly as
     ``dispatcher[grid, block, stream, shared_mem](*args)`` would, with the arguments converted once: numba's
     per-launch work (argument typing, overload lookup, marshalling of every argument) is skipped. None where
-    that cannot be done faithfully (a debug or cooperative kernel, an argument numba copies back after the launch)."""
-    from cuda.core import LaunchConfig, launch
+    that cannot be done faithfully (a debug or cooperative kernel, an argument numba copies back after the launch).
+    With ``dependent``, every run is a programmatic dependent launch (:func:`launch_config`); without it, a run
+    made inside :func:`dependent_launch` (hook 11) is one - unless ``scoped`` is False."""
+    from cuda.core import launch
     from numba.cuda.cudadrv.driver import _to_core_stream
 
     kernel = compiled_kernel(dispatcher, args)
@@ -321,12 +342,12 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem):
         kernel._prepare_args(ty, value, 0, writeback, kernelargs)
     if writeback:  # (a host array: numba copies it to the device and back around each launch)
         return None
-    as_tuple = (lambda d: tuple(d) + (1,) * (3 - len(d)) if isinstance(d, tuple) else (int(d), 1, 1))
-    config = LaunchConfig(grid=as_tuple(grid), block=as_tuple(block), shmem_size=int(shared_mem))
+    configs = (launch_config(grid, block, shared_mem, dependent), launch_config(grid, block, shared_mem, True))
     function = kernel._codelibrary.get_cufunc().kernel
     default_stream = _to_core_stream(0)
 
     def run(stream=0):
+        config = configs[scoped and getattr(_dependent, "on", False)]  # (with ``dependent`` both are dependent)
         launch(_to_core_stream(stream) if stream else default_stream, config, function, *kernelargs)
 
     run.keep_alive = (args, kernelargs)  # the converted arguments point into these objects
@@ -926,6 +947,47 @@ def install_debug_mode():
     install_debug_cache_key()
 
 
+# -- hook 11: programmatic dependent launch ------------------------------------------------------------------
+_dependent = threading.local()
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled=True):
+    """Kernel launches made by this thread within the block (through numba, ``kernel[grid, block, stream,
+    smem](*args)``, and prepared ones, :func:`prepare_launch`) are programmatic dependent launches when
+    ``enabled`` (``False``: not, e.g. for one launch inside an enclosing block). Blocks nest."""
+    previous = getattr(_dependent, "on", False)
+    _dependent.on = bool(enabled)
+    try:
+        yield
+    finally:
+        _dependent.on = previous
+
+
+def dependent_launches():
+    """Whether launches made by this thread now are programmatic dependent launches (:func:`dependent_launch`)."""
+    return getattr(_dependent, "on", False)
+
+
+def _dependent_core_launch(original):
+    """Wrap cuda.core's ``launch(stream, config, kernel, *args)`` as numba-cuda's ``_Kernel.launch`` calls it,
+    with the ``LaunchConfig`` it has just built for this one launch: inside :func:`dependent_launch` that
+    configuration gets ``programmatic_stream_serialization=True``."""
+
+    def launch(stream, config, kernel, *args):
+        if getattr(_dependent, "on", False):
+            config.programmatic_stream_serialization = True
+        return original(stream, config, kernel, *args)
+
+    return launch
+
+
+def install_dependent_launches():
+    from numba.cuda import dispatcher
+
+    _patch(dispatcher, "launch", _dependent_core_launch)
+
+
 
 # -- accessors: numba-cuda private names the other modules use ----------------------------------------------
 def intrinsic(*args, **options):
@@ -1016,11 +1078,13 @@ def _hook_points():
         "dispatcher.get_current_device": (dispatcher, "get_current_device"),
         "dispatcher.LaunchConfig": (dispatcher, "LaunchConfig"),
         "nvvm.set_launch_bounds": (nvvm, "set_launch_bounds"),
+        "dispatcher.launch": (dispatcher, "launch"),
     }
 
 
 def install():
-    """Install the GPU path's hooks (1-6 and 8-10; the simulator's is :func:`install_simulator`). Idempotent."""
+    """Install the GPU path's hooks (1-6, 8-9, 11, and 10 in debug mode; the simulator's is
+    :func:`install_simulator`). Idempotent."""
     global _installed, _TensorMapType, _TensorMapArrayType
     if _installed:
         return
@@ -1039,6 +1103,7 @@ def install():
     install_offline_target()  # 6
     install_clusters()  # 8
     install_typing_errors()  # 9
+    install_dependent_launches()  # 11
     from . import debug
 
     if debug.ENABLED:

@@ -1,18 +1,28 @@
-"""Prepared launches: a kernel's arguments converted once, launched many times.
+"""Prepared launches (arguments converted once) and programmatic dependent launches.
 
 A launch through numba-cuda (``kernel[grid, block, stream, smem](*args)``) types every argument, looks up the
 compiled overload and marshals each argument again, every time: tens of microseconds of host time, which is
 longer than a small GEMM runs. A plan that launches the same kernel with the same arguments again and again
 (every kernel of :mod:`numbatma.kernels`) prepares the launch once instead.
+
+A *dependent* launch (programmatic dependent launch, compute capability 9.0+: CUDA's launch attribute
+programmatic stream serialization) lets a kernel start before the kernel ahead of it on the stream has
+finished, so that its prologue overlaps that kernel's tail. The kernel itself must call
+``numbatma.intrinsics.griddepcontrol_wait()`` before it touches what the earlier kernel writes; the earlier
+kernel may call ``griddepcontrol_launch_dependents()`` to let it start sooner. Two spellings:
+``prepare_launch(..., dependent=True)`` and, for any launch, ``with dependent_launch(): ...``
+(``numbatma._numba_internals`` hook 11).
 """
 from __future__ import annotations
 
+import contextlib
+
 from ._env import SIMULATING
 
-__all__ = ["prepare_launch"]
+__all__ = ["dependent_launch", "prepare_launch"]
 
 
-def prepare_launch(kernel, args, grid, block, shared_mem=0):
+def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, scoped=True):
     """Return ``run(stream=0)``, which launches the ``cuda.jit`` kernel ``kernel`` on ``grid`` x ``block`` with
     ``shared_mem`` bytes of dynamic shared memory and the arguments ``args`` (compiling it now if needed).
 
@@ -20,16 +30,60 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0):
     their current contents, scalars by value. Prepare again when any of them changes (a new array, a
     re-pointed TensorMap, another scalar); writing new data into the same arrays needs nothing. The prepared
     launch keeps ``args`` alive. Under the CUDA simulator, in debug builds, and for host (NumPy) array
-    arguments it simply launches through numba each time."""
+    arguments it simply launches through numba each time.
+
+    ``dependent=True``: every run is a programmatic dependent launch (the ``cuda.core.LaunchConfig`` gets
+    ``programmatic_stream_serialization=True``): the kernel may start before the previous kernel on ``stream``
+    has finished, and must call ``griddepcontrol_wait()`` before it reads (or overwrites) what that kernel
+    writes. A run made inside :func:`dependent_launch` is dependent too, unless ``scoped=False`` (what the plans of
+    :mod:`numbatma.kernels` use: their kernels do not call ``griddepcontrol_wait`` yet, so they must never launch
+    dependent). When the launch goes through numba (the cases above) on a GPU, the attribute is set by the same
+    hook as :func:`dependent_launch`'s. Under the simulator ``dependent`` is accepted and has no effect: the
+    simulator runs launches one after another."""
     if not SIMULATING:
         from ._numba_internals import prepare_launch as prepare
 
-        run = prepare(kernel, args, grid, block, shared_mem)
+        run = prepare(kernel, args, grid, block, shared_mem, dependent, scoped)
         if run is not None:
             return run
     args = tuple(args)
+
+    if dependent and not SIMULATING:
+        from ._numba_internals import dependent_launch as scope
+
+        def run(stream=0):
+            with scope():
+                kernel[grid, block, stream, shared_mem](*args)
+
+        return run
+
+    if not scoped and not SIMULATING:
+        from ._numba_internals import dependent_launch as scope
+
+        def run(stream=0):
+            with scope(False):
+                kernel[grid, block, stream, shared_mem](*args)
+
+        return run
 
     def run(stream=0):
         kernel[grid, block, stream, shared_mem](*args)
 
     return run
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled=True):
+    """``with numbatma.dependent_launch(): kernel[grid, block, stream, smem](*args)``: the kernel launches that
+    this thread makes inside the block (plain numba launches, ``with_cluster`` launches, prepared launches) are
+    programmatic dependent launches: each may start before the previous kernel on its stream has finished, and
+    must call ``numbatma.intrinsics.griddepcontrol_wait()`` before it reads (or overwrites) what that kernel
+    writes. Launch dependent only kernels that do so: one that reads its inputs before such a wait may read them
+    before the kernel that writes them has finished. ``dependent_launch(False)`` turns it off within an
+    enclosing block; blocks nest. The setting belongs to the calling thread (like ``with_cluster``'s).
+
+    Under the simulator it is accepted and has no effect (the simulator runs launches one after another)."""
+    from ._numba_internals import dependent_launch as scope
+
+    with scope(enabled):
+        yield

@@ -31,6 +31,7 @@ def test_hook_points_exist_with_expected_signatures():
     assert set(points) == {
         "nvvm.set_cuda_kernel", "_Kernel._prepare_args", "_Kernel.launch", "Cuda_shared_array.generic",
         "nvvm.compile_ir", "dispatcher.get_current_device", "dispatcher.LaunchConfig", "nvvm.set_launch_bounds",
+        "dispatcher.launch",
     }
     assert dispatcher.get_current_device.__module__ == internals.__name__
     # compile_device asks get_current_device() (looked up in the dispatcher module) for the target CC
@@ -65,6 +66,53 @@ def test_cluster_hook_points():
     assert "nvvm.set_launch_bounds(kernel, launch_bounds)" in inspect.getsource(compiler)
     assert 'targetoptions["launch_bounds"] = launch_bounds' in inspect.getsource(cuda.jit)
     assert "_Kernel(self.py_func, argtypes, **self.targetoptions)" in inspect.getsource(dispatcher.CUDADispatcher)
+
+
+def test_dependent_launch_hook_points():
+    """Hook 11: _Kernel.launch builds a new cuda.core LaunchConfig for each launch and hands it to the module's
+    ``launch`` (cuda.core's, looked up in the dispatcher module at call time) as ``launch(stream, config, kernel,
+    *kernelargs)``; cuda.core's LaunchConfig has a settable ``programmatic_stream_serialization``."""
+    from cuda.core import LaunchConfig, launch
+    from numba.cuda import dispatcher
+
+    assert dispatcher.launch.__module__ == internals.__name__
+    assert dispatcher.launch._numbatma_original is launch
+    upstream = inspect.getsource(dispatcher._Kernel.launch._numbatma_original)  # (hook 3 wraps _Kernel.launch)
+    assert re.search(r"config = LaunchConfig\(", upstream)
+    assert "launch(stream, config, kernel, *kernelargs)" in upstream
+    assert upstream.index("config = LaunchConfig(") < upstream.index("launch(stream, config, kernel, *kernelargs)")
+    assert "from cuda.core import launch, LaunchConfig" in inspect.getsource(dispatcher)
+    assert LaunchConfig(grid=1, block=32, programmatic_stream_serialization=True).programmatic_stream_serialization
+    config = LaunchConfig(grid=(1, 1, 1), block=(32, 1, 1), shmem_size=0)  # (no cluster: needs no GPU)
+    assert config.programmatic_stream_serialization is False
+    config.programmatic_stream_serialization = True
+    assert config.programmatic_stream_serialization is True
+
+
+def test_dependent_launch_scope_sets_the_attribute():
+    """Hook 11's wrapper: inside dependent_launch() the configuration handed to cuda.core's launch has
+    programmatic_stream_serialization=True; outside, or inside dependent_launch(False), it is left alone;
+    blocks nest and restore."""
+    from cuda.core import LaunchConfig
+
+    seen = []
+    wrapped = internals._dependent_core_launch(lambda stream, config, kernel, *args: seen.append(
+        (stream, config.programmatic_stream_serialization, kernel, args)))
+
+    def config():
+        return LaunchConfig(grid=(2, 1, 1), block=(32, 1, 1), shmem_size=0)
+
+    wrapped("s", config(), "k", 1, 2)
+    with internals.dependent_launch():
+        assert internals.dependent_launches()
+        wrapped("s", config(), "k", 3)
+        with internals.dependent_launch(False):
+            wrapped("s", config(), "k")
+        wrapped("s", config(), "k")
+    assert not internals.dependent_launches()
+    wrapped("s", config(), "k")
+    assert seen == [("s", False, "k", (1, 2)), ("s", True, "k", (3,)), ("s", False, "k", ()), ("s", True, "k", ()),
+                    ("s", False, "k", ())]
 
 
 def test_simulator_hook_points_exist():
@@ -188,16 +236,16 @@ def test_typing_error_hook_points():
 
 
 def test_hooks_are_numbered_in_order_with_one_install_function_each():
-    """The module docstring lists hooks 1..10 in order, each naming its install function, and the file's
+    """The module docstring lists hooks 1..11 in order, each naming its install function, and the file's
     ``# -- hook N`` sections follow the same order."""
     doc = internals.__doc__
     listed = [int(n) for n in re.findall(r"^(\d+)\. ", doc, flags=re.M)]
-    assert listed == list(range(1, 11))
+    assert listed == list(range(1, 12))
     for n, name in re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M):
         assert callable(getattr(internals, name, None)), (n, name)
-    assert len(re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M)) == 10
+    assert len(re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M)) == 11
     sections = [int(n) for n in re.findall(r"^# -- hook (\d+):", inspect.getsource(internals), flags=re.M)]
-    assert sections == list(range(1, 11))
+    assert sections == list(range(1, 12))
 
 
 def test_install_functions_are_idempotent():
@@ -207,15 +255,15 @@ def test_install_functions_are_idempotent():
 
     before = [nvvm.set_cuda_kernel, nvvm.compile_ir, nvvm.set_launch_bounds, dispatcher._Kernel._prepare_args,
               dispatcher._Kernel.launch, dispatcher.get_current_device, dispatcher.LaunchConfig,
-              cudadecl.Cuda_shared_array.generic]
+              cudadecl.Cuda_shared_array.generic, dispatcher.launch]
     for install in (internals.install_grid_constant_params, internals.install_descriptor_arguments,
                     internals.install_launch_checks, internals.install_shared_array_type,
                     internals.install_compile_ir, internals.install_offline_target, internals.install_clusters,
-                    internals.install_typing_errors, internals.install):
+                    internals.install_typing_errors, internals.install_dependent_launches, internals.install):
         install()
     after = [nvvm.set_cuda_kernel, nvvm.compile_ir, nvvm.set_launch_bounds, dispatcher._Kernel._prepare_args,
              dispatcher._Kernel.launch, dispatcher.get_current_device, dispatcher.LaunchConfig,
-             cudadecl.Cuda_shared_array.generic]
+             cudadecl.Cuda_shared_array.generic, dispatcher.launch]
     assert after == before
     for wrapper in after:
         assert wrapper.__module__ == internals.__name__
