@@ -426,6 +426,7 @@ class Attention(Plan):
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
         self.dtype = lq.dtype
         self.o = o
+        given_lse = lse
         if lse is None:
             lse = cuda.device_array((bq, hq, sq), np.float32)
         else:
@@ -434,6 +435,7 @@ class Attention(Plan):
                 raise TensorMapError(f"{op}: lse is a {ll.name}; it must be float32 with shape {(bq, hq, sq)} "
                                      f"(batch, heads, query rows).")
         self.lse = lse
+        self._owns_lse = lse is not given_lse  # (allocated here: returned by launch, never shared by two calls)
         self.kernel = None
         self._prepared = None
         if bq * hq * sq == 0:
@@ -463,6 +465,11 @@ class Attention(Plan):
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
                                         cfg.schedule)
+
+    @property
+    def cacheable(self):
+        """False when the plan allocated ``lse`` (each call of :func:`attention` without one returns its own)."""
+        return not self._owns_lse
 
     def _key_blocks(self):
         _, _, _, sq, sk, _ = self.shape
