@@ -17,8 +17,9 @@ handle (:func:`numbatma.streams.as_stream`). With none given, a plan built from 
 *current* stream (so it orders with the torch ops around it), any other on the legacy default stream.
 
 Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once, a few microseconds of host
-time per launch instead of tens) on first use, and again whenever ``kernel`` changes; a plan's arguments are fixed
-when it is built (a plan whose scalars may change, such as ``Gemm.alpha``, prepares again itself) until
+time per launch instead of tens) on first use, and again whenever ``kernel`` or a scalar argument changed (such as
+``Axpy.a``; ``Gemm`` and ``Attention`` do the same for ``alpha``/``beta``/``scale`` themselves); the arrays and
+descriptors are fixed when the plan is built until
 :meth:`Plan.rebind` re-points it at other arrays, which drops the prepared launch. Plans never
 launch dependent (``prepare_launch(..., scoped=False)``: ``numbatma.dependent_launch()`` does not reach them), as
 their kernels do not call ``griddepcontrol_wait`` yet.
@@ -128,13 +129,16 @@ class Plan:
     def launch(self, stream=None):
         """Launch the kernel on ``stream`` (asynchronously, like any kernel launch) and return ``output``.
         Nothing is launched when there is nothing to compute (``kernel`` is None). The launch is prepared on first
-        use (and again when ``kernel`` changed)."""
+        use, and again when ``kernel`` or a scalar argument changed."""
         if self.kernel is not None:
+            args = self.args
+            scalars = tuple(a for a in args if is_scalar(a))  # (e.g. Axpy's ``plan.a``, changeable between launches)
             prepared = getattr(self, "_prepared_launch", None)
-            if prepared is None or prepared[0] is not self.kernel:
-                prepared = self._prepared_launch = (self.kernel, prepare_launch(
-                    self.kernel, self.launch_args(), self.grid, self.block, self.shared_mem, scoped=False))
-            prepared[1](self.stream_for(stream))
+            if prepared is None or prepared[0] is not self.kernel or prepared[1] != scalars:
+                prepared = self._prepared_launch = (self.kernel, scalars, prepare_launch(
+                    self.kernel, tuple(launch_argument(a) for a in args), self.grid, self.block, self.shared_mem,
+                    scoped=False))
+            prepared[2](self.stream_for(stream))
         return self.output
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, for the device machine (H100/H200):
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
-#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, gemm, attention, probes, sweep,
+#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, gemm, attention, probes, sweep,
 #                                                        # sanitize: compute-sanitizer, runs beside the others)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
@@ -32,6 +32,9 @@ if [[ $parts == *" bench "* ]]; then
 fi
 if [[ $parts == *" gemm "* ]]; then  # tensor-core GEMM against cuBLAS and Triton (benchmarks/gemm.py)
   timeout ${GEMM_TIMEOUT:-500} python3 "$repo/benchmarks/gemm.py" ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.log" || status=1
+fi
+if [[ $parts == *" host "* || $parts == *" bench "* ]]; then  # host time per call against torch (benchmarks/host_path.py)
+  timeout 300 python3 "$repo/benchmarks/host_path.py" ${HOST_ARGS:-} 2>&1 | tee "$out/host_path.log" || status=1
 fi
 if [[ $parts == *" attention "* ]]; then  # attention forward against torch SDPA cuDNN / flash (benchmarks/attention.py)
   timeout ${ATTENTION_TIMEOUT:-500} python3 "$repo/benchmarks/attention.py" ${ATTENTION_ARGS:-} 2>&1 | tee "$out/attention.log" || status=1

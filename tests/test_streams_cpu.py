@@ -91,3 +91,30 @@ def test_plans_resolve_streams():
     with pytest.raises(TypeError, match="as a CUDA stream"):
         plan.stream_for("s")
     assert numbatma.streams is streams
+
+
+def test_plans_prepare_again_when_a_scalar_argument_changes(monkeypatch):
+    """Axpy's ``plan.a`` may change between launches: the prepared launch is made again (and only then)."""
+    from numbatma.kernels import Plan, _plan
+
+    made = []
+    monkeypatch.setattr(_plan, "prepare_launch", lambda kernel, args, *rest, **kw: made.append(args) or (lambda s: None))
+
+    class Scaled(Plan):
+        kernel = object()
+        grid, block = 1, 32
+        output = "out"
+
+        def __init__(self):
+            self.a = 2.0
+
+        @property
+        def args(self):
+            return (self.a, 7)
+
+    plan = Scaled()
+    plan.launch()
+    plan.launch()
+    plan.a = -0.5
+    plan.launch()
+    assert [args for args in made] == [(2.0, 7), (-0.5, 7)]
