@@ -25,15 +25,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gemm import Timer, _git_commit, log  # noqa: E402  (one timing method for every benchmark)
+from gemm import Timer, _git_commit, log, rel_error  # noqa: E402  (one timing method for every benchmark)
 
 SECTIONS = ("check", "seq", "variants")
 TOKENS = 65536
 HEADS = 16
-
-
-def rel_error(torch, got, want):
-    return (torch.linalg.norm(got.float() - want.float()) / torch.linalg.norm(want.float())).item()
 
 
 class Case:

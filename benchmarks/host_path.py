@@ -23,17 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gemm import _git_commit, log  # noqa: E402
-
-
-def per_call_us(torch, fn, calls):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+from gemm import Timer, _git_commit, log  # noqa: E402  (Timer.host_us: the per-call host time)
 
 
 def cases(torch):
@@ -73,6 +63,7 @@ def main():
 
     gpu = torch.cuda.get_device_name()
     log(f"GPU: {gpu}; torch {torch.__version__}")
+    timer = Timer(torch, 1, 0)
     rows = []
     stencil = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]], device="cuda").view(1, 1, 3, 3)
     for name, ours, peer in cases(torch):
@@ -88,8 +79,8 @@ def main():
             peer()
             ours_t, peer_t = [], []
             for _ in range(args.rounds):  # interleaved rounds
-                ours_t.append(per_call_us(torch, ours, args.calls))
-                peer_t.append(per_call_us(torch, peer, args.calls))
+                ours_t.append(timer.host_us(ours, args.calls))
+                peer_t.append(timer.host_us(peer, args.calls))
             for key, ts in (("numbatma_us", ours_t), ("torch_us", peer_t)):
                 med = statistics.median(ts)
                 row[key] = med

@@ -45,7 +45,7 @@ import numpy as np
 
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, fail, sim
-from .wgmma import wgmma_row_col  # noqa: F401  (the layout the docstring describes)
+from .wgmma import wgmma_row_col  # (the layout the docstring describes; the simulator's column of a register)
 
 __all__ = ["wgmma_map", "wgmma_row_reduce"]
 
@@ -61,22 +61,14 @@ def _half(i):
     return (i // 2) % 2
 
 
-def _column(i, lane):
-    return 8 * (i // 4) + 2 * (lane % 4) + i % 2
-
-
 if not SIMULATING:
     from llvmlite import ir
     from numba.cuda import types
 
-    from .wgmma import WgmmaAccumulatorType
+    from .wgmma import require_f32_accumulator
 
     I32 = ir.IntType(32)
     F32 = ir.FloatType()
-
-    def _f32_accumulator(op, acc):
-        if not isinstance(acc, WgmmaAccumulatorType) or acc.dtype != "f32":
-            fail(op, f"expected a float32 wgmma accumulator (from wgmma_zeros), got {acc}")
 
     def _resolve(op, typingctx, fn, argtypes, what):
         """The signature of the device function ``fn`` for ``argtypes`` (a typing error naming ``what``)."""
@@ -104,7 +96,7 @@ def wgmma_map(typingctx, acc, fn, extra):
     ``cuda.jit(device=True)`` function, inlined per register. Call after the covering wait; fence
     (``wgmma_fence``) before a wgmma accumulates into the result."""
     op = "wgmma_map"
-    _f32_accumulator(op, acc)
+    require_f32_accumulator(op, acc)
     sig_fn = _resolve(op, typingctx, fn, (types.float32, types.int32, types.int32, extra),
                       "taking (value, half, col, extra)")
 
@@ -129,7 +121,7 @@ def wgmma_row_reduce(typingctx, acc, fn, init):
     every thread holds the reduction over its two whole rows of the m64nN tile. ``fn(a, b)``: a
     ``cuda.jit(device=True)`` function, associative and commutative. All 32 lanes of the warp call it together."""
     op = "wgmma_row_reduce"
-    _f32_accumulator(op, acc)
+    require_f32_accumulator(op, acc)
     if not isinstance(init, (types.Float, types.Integer)):
         fail(op, f"init must be a number, got {init}")
     sig_fn = _resolve(op, typingctx, fn, (types.float32, types.float32), "taking (a, b)")
@@ -161,10 +153,10 @@ def _sim_accumulator(op, acc):
 
 def _sim_map(acc, fn, extra):
     _sim_accumulator("wgmma_map", acc)
-    lane = sim().thread_index() % 32
+    thread = sim().thread_index() % 128
     values = acc.values.copy()
     for i in range(values.size):
-        values[i] = np.float32(fn(np.float32(acc.values[i]), _half(i), _column(i, lane), extra))
+        values[i] = np.float32(fn(np.float32(acc.values[i]), _half(i), wgmma_row_col(i, thread)[1], extra))
     return acc.copy(values=values, fenced=False)
 
 

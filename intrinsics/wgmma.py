@@ -1030,7 +1030,7 @@ def wgmma_add_tile(typingctx, acc, tile, tmap, row0, col0, beta):
 
 
 # -- accumulator helpers: A fragments, global stores, bias ---------------------------------------------------------
-def _f32_accumulator(op, acc):
+def require_f32_accumulator(op, acc):
     if not isinstance(acc, WgmmaAccumulatorType) or acc.dtype != "f32":
         fail(op, f"expected a float32 wgmma accumulator (wgmma_zeros), got {acc}")
 
@@ -1050,7 +1050,7 @@ def wgmma_a_fragments(typingctx, acc, kind):
 
     The following wgmma must use a B of the same ``kind`` (the registers carry no type)."""
     op = "wgmma_a_fragments"
-    _f32_accumulator(op, acc)
+    require_f32_accumulator(op, acc)
     kind_value = _literal_string(op, "kind", kind, ("bf16", "f16"))
     if acc.n % 16:
         fail(op, f"the accumulator is m64n{acc.n}; an A fragment is 16 columns (one k-step of 16), so N must be a "
@@ -1160,7 +1160,7 @@ def wgmma_add_bias(typingctx, acc, bias, col0):
     add nothing (each of the thread's N / 4 bias reads is bounds-checked). Returns the accumulator; call it
     after the covering wait and fence (``wgmma_fence``) before a later wgmma accumulates into the result."""
     op = "wgmma_add_bias"
-    _f32_accumulator(op, acc)
+    require_f32_accumulator(op, acc)
     if not isinstance(bias, types.Array) or bias.ndim != 1 or bias.dtype != types.float32:
         fail(op, f"bias must be a 1-D float32 array (global or shared memory), got {bias}")
     require_int(op, "col0", col0)

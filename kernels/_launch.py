@@ -57,6 +57,19 @@ def slot_elems(nelems, itemsize, align=BOX_ALIGN):
     return round_up(nelems * itemsize, align) // itemsize
 
 
+def byte_extent(layout):
+    """``[lo, hi)``: the bytes an array's elements span (``lo == hi`` for an empty array) - for overlap checks."""
+    if 0 in layout.shape:
+        return layout.ptr, layout.ptr
+    lo = hi = layout.ptr
+    for n, st in zip(layout.shape, layout.strides):
+        if st >= 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return lo, hi + layout.dtype.itemsize
+
+
 def same_layout(op, *arrays):
     """Check that arrays share shape and dtype; return the layout of the first."""
     layouts = [array_layout(a) for a in arrays]

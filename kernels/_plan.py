@@ -18,7 +18,7 @@ handle (:func:`numbatma.streams.as_stream`). With none given, a plan built from 
 
 Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once, a few microseconds of host
 time per launch instead of tens) on first use, and again whenever ``kernel`` or a scalar argument changed (such as
-``Axpy.a``; ``Gemm`` and ``Attention`` do the same for ``alpha``/``beta``/``scale`` themselves); the arrays and
+``Axpy.a``, ``Gemm.alpha``/``beta``, ``Attention.scale``); the arrays and
 descriptors are fixed when the plan is built until
 :meth:`Plan.rebind` re-points it at other arrays, which drops the prepared launch. Plans never
 launch dependent (``prepare_launch(..., scoped=False)``: ``numbatma.dependent_launch()`` does not reach them), as
@@ -38,7 +38,7 @@ from ._rebind import NotRebindable, Range, Rebinder, is_scalar
 
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
 
-_DROPPED = ("_user_arrays", "_prepared_launch", "_prepared")  # (not walked by rebind: reset instead)
+_DROPPED = ("_user_arrays", "_prepared_launch")  # (not walked by rebind: reset instead)
 
 
 class Plan:
@@ -110,8 +110,6 @@ class Plan:
         if any(r.old is not r.new for r in ranges):
             Rebinder(ranges).fix_object(self, skip=_DROPPED)
             self._prepared_launch = None
-            if "_prepared" in self.__dict__:
-                self._prepared = None
         self._user_arrays = arrays
         return self
 
@@ -131,13 +129,11 @@ class Plan:
         Nothing is launched when there is nothing to compute (``kernel`` is None). The launch is prepared on first
         use, and again when ``kernel`` or a scalar argument changed."""
         if self.kernel is not None:
-            args = self.args
-            scalars = tuple(a for a in args if is_scalar(a))  # (e.g. Axpy's ``plan.a``, changeable between launches)
+            scalars = tuple(a for a in self.args if is_scalar(a))  # (``Axpy.a``, ``Gemm.alpha``: changeable)
             prepared = getattr(self, "_prepared_launch", None)
             if prepared is None or prepared[0] is not self.kernel or prepared[1] != scalars:
                 prepared = self._prepared_launch = (self.kernel, scalars, prepare_launch(
-                    self.kernel, tuple(launch_argument(a) for a in args), self.grid, self.block, self.shared_mem,
-                    scoped=False))
+                    self.kernel, self.launch_args(), self.grid, self.block, self.shared_mem, scoped=False))
             prepared[2](self.stream_for(stream))
         return self.output
 

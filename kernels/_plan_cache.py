@@ -8,7 +8,7 @@ import threading
 
 from numbatma import SIMULATING, array_layout
 
-from ._rebind import extent as _extent
+from ._launch import byte_extent as _extent
 from ._rebind import is_scalar as _is_scalar
 
 __all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "DEFAULT_PLAN_CACHE_SIZE"]

@@ -10,7 +10,9 @@ import numpy as np
 
 from numbatma import SIMULATING, ArrayLayout, DeviceView, TensorMap, array_layout, kernel_view, layout_view
 
-__all__ = ["NotRebindable", "Rebinder", "Range", "extent", "is_scalar"]
+from ._launch import byte_extent
+
+__all__ = ["NotRebindable", "Rebinder", "Range", "is_scalar"]
 
 _SCALARS = (numbers.Number, np.generic, str, bytes, enum.Enum, type(None))
 
@@ -26,24 +28,11 @@ class Range:
 
     def __init__(self, old, new, old_layout, new_layout):
         self.old, self.new = old, new
-        self.lo, self.hi = extent(old_layout)
+        self.lo, self.hi = byte_extent(old_layout)
         self.delta = new_layout.ptr - old_layout.ptr
 
     def holds(self, ptr):
         return ptr == self.lo or self.lo <= ptr < self.hi
-
-
-def extent(layout):
-    """``[lo, hi)``: the bytes an array's elements span (``lo == hi`` for an empty array)."""
-    if 0 in layout.shape:
-        return layout.ptr, layout.ptr
-    lo = hi = layout.ptr
-    for n, st in zip(layout.shape, layout.strides):
-        if st >= 0:
-            hi += (n - 1) * st
-        else:
-            lo += (n - 1) * st
-    return lo, hi + layout.dtype.itemsize
 
 
 def is_scalar(value):

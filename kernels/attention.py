@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, prepare_launch
+from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
 from numbatma.views import ArrayLayout, layout_view
 from numbatma.intrinsics import (
     Pipeline,
@@ -173,13 +173,26 @@ def _scale_rows(o, half, col, f):
 
 
 @cuda.jit(device=True, inline="always")
-def _item(t, bh, nmb, causal):
-    """(batch·head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
+def _item(t, heads, batch_heads, nmb, causal):
+    """(batch, head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
     longest first), batch·head fastest."""
-    mb = t // bh
+    mb = t // batch_heads
+    bh = t - mb * batch_heads
     if causal:
         mb = nmb - 1 - mb
-    return t - (t // bh) * bh, mb * BM
+    b = bh // heads
+    return b, bh - b * heads, mb * BM
+
+
+def key_blocks(m0, nkb, bn, causal):
+    """Key blocks the query rows ``m0 .. m0 + BM - 1`` see: all ``nkb``, or causal up to the diagonal. (Host and
+    device: the plan's FLOP count and the kernel's loops use the same rule.)"""
+    if causal:
+        return min(nkb, (m0 + BM - 1) // bn + 1)
+    return nkb
+
+
+_key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,13 +272,9 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
             if cuda.threadIdx.x < 32:
                 if elect_one_sync():
                     for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
-                        bh, m0 = _item(t, batch_heads, nmb, causal)
-                        b = bh // heads
-                        h = bh - b * heads
+                        b, h, m0 = _item(t, heads, batch_heads, nmb, causal)
                         hk = h // group
-                        blocks = nkb
-                        if causal:
-                            blocks = min(nkb, (m0 + BM - 1) // bn + 1)
+                        blocks = _key_blocks(m0, nkb, bn, causal)
                         qpipe.producer_acquire()
                         for w in range(2):
                             for c in range(chunks):
@@ -291,12 +300,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
             if pingpong and w == 1 and cuda.blockIdx.x < total:
                 named_barrier_arrive(PINGPONG, CONSUMER_THREADS)  # consumer 0 issues first
             for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
-                bh, m0 = _item(t, batch_heads, nmb, causal)
-                b = bh // heads
-                h = bh - b * heads
-                blocks = nkb
-                if causal:
-                    blocks = min(nkb, (m0 + BM - 1) // bn + 1)
+                b, h, m0 = _item(t, heads, batch_heads, nmb, causal)
+                blocks = _key_blocks(m0, nkb, bn, causal)
                 row0 = m0 + WG_ROWS * w + row_in_wg
                 m_a = NEG_INF  # running maxima (scaled by scale·log2 e) of the thread's two rows
                 m_b = NEG_INF
@@ -437,7 +442,6 @@ class Attention(Plan):
         self.lse = lse
         self._owns_lse = lse is not given_lse  # (allocated here: returned by launch, never shared by two calls)
         self.kernel = None
-        self._prepared = None
         if bq * hq * sq == 0:
             return
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule)
@@ -459,9 +463,9 @@ class Attention(Plan):
             grid = require_int(op, "grid", grid, 1, 1 << 31)
         self._grid = grid
         self.block = 3 * WARPGROUP
-        blocks = self._key_blocks()
         self.flops = 4.0 * bq * hq * sq * sk * d * (0.5 if self.causal else 1.0)
-        self.key_blocks = blocks
+        nkb = ceil_div(sk, cfg.bn)  # key blocks a (batch, head) computes, over all its query blocks:
+        self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
                                         cfg.schedule)
@@ -470,14 +474,6 @@ class Attention(Plan):
     def cacheable(self):
         """False when the plan allocated ``lse`` (each call of :func:`attention` without one returns its own)."""
         return not self._owns_lse
-
-    def _key_blocks(self):
-        _, _, _, sq, sk, _ = self.shape
-        bn = self.config.bn
-        nkb = ceil_div(sk, bn)
-        if not self.causal:
-            return ceil_div(sq, BM) * nkb
-        return sum(min(nkb, (m0 + BM - 1) // bn + 1) for m0 in range(0, sq, BM))
 
     @property
     def grid(self):
@@ -497,18 +493,6 @@ class Attention(Plan):
     @property
     def output(self):
         return self.o, self.lse
-
-    def launch(self, stream=None):
-        """Run the attention on ``stream`` (asynchronously, like any launch) and return ``(o, lse)``. The launch is
-        prepared on first use (:func:`numbatma.prepare_launch`: arguments converted once) and again when ``scale``
-        changed."""
-        if self.kernel is None:
-            return self.output
-        if self._prepared is None or self._prepared[0] != self.scale:
-            self._prepared = self.scale, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
-                                                        self.shared_mem, scoped=False)
-        self._prepared[1](self.stream_for(stream))
-        return self.output
 
     def __repr__(self):
         b, hq, hk, sq, sk, d = self.shape

@@ -38,7 +38,7 @@ import numpy as np
 from numba import cuda
 
 from numbatma import (L2Promotion, SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, cluster_kernel,
-                      max_active_clusters, prepare_launch)
+                      max_active_clusters)
 from numbatma.intrinsics import (
     Pipeline,
     cluster_ctarank,
@@ -482,7 +482,6 @@ class Gemm(Plan):
         self.c = c
         self.alpha, self.beta = float(alpha), float(beta)
         self.kernel = None
-        self._prepared = None
         if m == 0 or n == 0:
             return
         if k == 0:
@@ -544,19 +543,6 @@ class Gemm(Plan):
 
     @property
     def output(self):
-        return self.c
-
-    def launch(self, stream=None):
-        """Run the GEMM on ``stream`` (asynchronous, like any launch) and return ``c``. The launch is prepared on
-        first use (:func:`numbatma.prepare_launch`: a few microseconds of host time per launch instead of tens)
-        and again when ``alpha`` or ``beta`` changed."""
-        if self.kernel is None:
-            return self.c
-        key = (self.alpha, self.beta)
-        if self._prepared is None or self._prepared[0] != key:
-            self._prepared = key, prepare_launch(self.kernel, self.launch_args(), self.grid, self.block,
-                                                 self.shared_mem, scoped=False)
-        self._prepared[1](self.stream_for(stream))
         return self.c
 
     def __repr__(self):

@@ -44,7 +44,7 @@ from numbatma.intrinsics import (
 )
 
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import BOX_ALIGN, MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, round_up
+from ._launch import BOX_ALIGN, MAX_BOX, SMEM_PER_BLOCK, byte_extent, ceil_div, persistent_grid, round_up
 from ._plan import Plan, run
 
 __all__ = ["Laplacian5", "laplacian5"]
@@ -239,19 +239,6 @@ def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows", t
     return laplacian5_kernel
 
 
-def _extent(layout):
-    """Byte range [lo, hi) that an array's elements occupy."""
-    lo = layout.ptr
-    hi = layout.ptr + layout.dtype.itemsize
-    for n, st in zip(layout.shape, layout.strides):
-        if n > 1:
-            if st >= 0:
-                hi += (n - 1) * st
-            else:
-                lo += (n - 1) * st
-    return lo, hi
-
-
 def _check_tile(tile, dtype):
     op = "Laplacian5"
     try:
@@ -355,7 +342,7 @@ class Laplacian5(Plan):
         self.dtype = dtype
         self.empty = 0 in ls.shape
         if not self.empty:
-            (a0, a1), (b0, b1) = _extent(ls), _extent(ld)
+            (a0, a1), (b0, b1) = byte_extent(ls), byte_extent(ld)
             if a0 < b1 and b0 < a1:
                 raise TensorMapError(
                     f"{op}: src and dst overlap in memory; the stencil reads neighbours of every element, so it "
