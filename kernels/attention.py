@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -427,8 +428,14 @@ class Attention(Plan):
             raise TensorMapError(f"{op}: k and v have no keys (k is {lk.shape}); softmax over nothing is undefined.")
         self.shape = (bq, hq, hk, sq, sk, d)
         self.layout = layout
+        if not isinstance(causal, (bool, np.bool_)):
+            raise TensorMapError(f"{op}: causal must be True or False, got {causal!r}")
         self.causal = bool(causal)
-        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+        if scale is None:
+            scale = 1.0 / math.sqrt(d)
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+            raise TensorMapError(f"{op}: scale must be a finite real number (default 1 / sqrt(head dim)), got {scale!r}")
+        self.scale = float(scale)
         self.dtype = lq.dtype
         self.o = o
         given_lse = lse

@@ -69,6 +69,11 @@ def test_bad_arguments():
         Attention(q, k, v, o, lse, stages=9)
     with pytest.raises(TensorMapError, match="schedule must be one of 'serial', 'overlap', 'pingpong'"):
         Attention(q, k, v, o, lse, schedule="fast")
+    with pytest.raises(TensorMapError, match="causal must be True or False, got 'yes'"):
+        Attention(q, k, v, o, lse, causal="yes")
+    for bad in ("0.1", float("nan"), float("inf"), True):
+        with pytest.raises(TensorMapError, match=r"scale must be a finite real number .*got"):
+            Attention(q, k, v, o, lse, scale=bad)
 
 
 def test_work_items_and_flops():
