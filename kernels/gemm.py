@@ -189,10 +189,6 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         @cuda.jit(device=True, inline="always")
         def load_b(pipe, smem, b_map, base, n0, kt):
             pipe.load(shared_view(smem, base + a_elems, (bn, BK)), b_map, (n0, kt * BK))
-
-        @cuda.jit(device=True, inline="always")
-        def b_operand(smem, b_map, base, kk):
-            return wgmma_desc(shared_view(smem, base + a_elems, (bn, BK)), b_map, "K", 0, 16 * kk)
     else:  # B given as (K, N): bn / 64 N-major boxes of BK x 64 side by side
         @cuda.jit(device=True, inline="always")
         def load_b(pipe, smem, b_map, base, n0, kt):
