@@ -186,7 +186,7 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         scratch = cuda.shared.array(nscratch, np.float32)
         pipe = Pipeline(stages, 1, 1)  # full: producer + TMA bytes; empty: the storer (after the store read it)
-        done = Pipeline(stages, warps, 1)  # full: one arrival per consumer warp; empty: the storer
+        done = Pipeline(stages, 32 * warps, 1)  # full: one arrival per consumer thread; empty: the storer
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -247,10 +247,12 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
                         total = group_sum(row_expsum(dyn, p, sub, kc, n, m), scratch, warp, lane, grp)
                         row_normalise(dyn, p, sub, kc, n, m, float32(1) / total)
                 fence_proxy_async_shared_cta()
-                cuda.syncwarp()
-                if lane == 0:
-                    done.producer_acquire()
-                    done.producer_commit()
+                # Every consumer thread arrives (release) for its own writes; the storer's wait (acquire) then
+                # covers each of them, its generic reads of the tail included. (A __syncwarp and one arrival per
+                # warp is as correct by the PTX memory model, but compute-sanitizer's racecheck reports the
+                # storer's reads as racing with the other lanes' writes: scripts/probe_racecheck_mbarrier.py.)
+                done.producer_acquire()
+                done.producer_commit()
 
     return softmax_rows_kernel
 
@@ -271,7 +273,7 @@ def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         scratch = cuda.shared.array(nscratch, np.float32)
         pipe = Pipeline(stages, 1, 1)
-        done = Pipeline(stages, warps, 1)
+        done = Pipeline(stages, 32 * warps, 1)  # as in the rows kernel: every consumer thread arrives
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -344,10 +346,8 @@ def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs
                     else:
                         row_normalise(dyn, p, sub, nb, left, m, inv)
                         fence_proxy_async_shared_cta()
-                    cuda.syncwarp()
-                    if lane == 0:
-                        done.producer_acquire()
-                        done.producer_commit()
+                    done.producer_acquire()  # every consumer thread arrives (see the rows kernel)
+                    done.producer_commit()
 
     return softmax_chunked_kernel
 

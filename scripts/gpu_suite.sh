@@ -21,6 +21,8 @@ repo=$OLDPWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import numba_cuda, numpy, cuda.core; print('numba-cuda', numba_cuda.__version__, 'numpy', numpy.__version__, 'cuda.core', cuda.core.__version__)" | tee -a "$out/gpu.txt"
 parts=" ${PARTS:-tests examples bench gemm attention probes} "
+san="$site/nvidia/cu13/bin/compute-sanitizer"  # from the nvidia-cuda-sanitizer-api wheel
+chmod +x "$site"/nvidia/cu13/bin/* 2>/dev/null
 status=0
 # Benchmarks first, on a quiet GPU (the sanitizer runs below share it with the tests).
 if [[ $parts == *" bench "* ]]; then
@@ -44,8 +46,6 @@ if [[ $parts == *" sanitize "* ]]; then
   # compute-sanitizer (from the nvidia-cuda-sanitizer-api wheel in .whl/) over every kernel of numbatma.kernels
   # (scripts/sanitize_kernels.py), every example on a small problem and a sample of the GPU tests; the three tools
   # run side by side in the background while the other parts go on. One log per tool: $out/sanitize-<tool>.log.
-  san="$site/nvidia/cu13/bin/compute-sanitizer"
-  chmod +x "$site"/nvidia/cu13/bin/* 2>/dev/null
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     (
       log="$out/sanitize-$tool.log"
@@ -53,7 +53,7 @@ if [[ $parts == *" sanitize "* ]]; then
                 "$@" >> "$log" 2>&1; echo "exit $? ($tool: $*)" >> "$log"; }
       export NUMBATMA_SMALL_PROBLEMS=1
       run python3 "$repo/scripts/sanitize_kernels.py" ${SANITIZE_KERNELS:-}
-      for ex in ${SANITIZE_EXAMPLES-"$repo"/examples/*.py}; do run python3 "$ex"; done
+      for ex in ${SANITIZE_EXAMPLES-"$repo"/examples/*.py}; do [[ $ex == /* ]] || ex="$repo/$ex"; run python3 "$ex"; done
       [[ $tool == memcheck && ${SANITIZE_TESTS-x} != none ]] && run python3 -m pytest -q -p no:cacheprovider -x ${SANITIZE_TESTS:-"$repo/tests/test_gpu_pipeline.py"}
     ) &
     sanitize_pids+=($!)
@@ -85,6 +85,13 @@ if [[ $parts == *" probes "* ]]; then
   # Observations, not pass/fail checks.
   timeout 120 python3 "$repo/scripts/probe_setmaxnreg.py" 2>&1 | tee -a "$out/probe.log"
   timeout 120 python3 "$repo/scripts/probe_store_clip.py" 2>&1 | tee -a "$out/probe.log"
+  timeout 120 python3 "$repo/scripts/probe_reduce_nan.py" 2>&1 | tee -a "$out/probe.log"  # NaN in min/max reduces
+  # which mbarrier hand-offs of shared memory racecheck accepts (exit 9: it reported a hazard; 'none' is a real race)
+  for v in lane0 all none; do
+    timeout 120 "$san" --tool racecheck --error-exitcode 9 python3 "$repo/scripts/probe_racecheck_mbarrier.py" $v 2>&1 \
+      | grep -E "probe|SUMMARY|Error" | cut -c1-160 | tee -a "$out/probe.log"
+    echo "racecheck probe $v: exit ${PIPESTATUS[0]}" | tee -a "$out/probe.log"
+  done
   if [[ -n ${OOB_PROBE:-} ]]; then  # which innermost start coordinates a tile load accepts (docs/guide.md)
     for c in 0,4 0,-4 -5,-8 0,3 0,-3; do
       timeout 60 python3 "$repo/scripts/debug_oob.py" $c 2>&1 | tail -1 | sed "s/^/probe $c: /" | tee -a "$out/probe.log"

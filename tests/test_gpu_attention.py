@@ -36,7 +36,7 @@ def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view
     def make(h, s):
         x = torch.randn((b, s, h, d), device="cuda", dtype=torch.float32).to(TORCH[dtype])
         if layout == "bshd":
-            return x, x
+            return x, x.transpose(1, 2)  # the reference takes (B, H, S, D)
         heads_major = x.transpose(1, 2)  # (B, H, S, D)
         return (heads_major if view else heads_major.contiguous()), heads_major
 

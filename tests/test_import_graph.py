@@ -7,10 +7,14 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Subprocesses run outside the checkout, so that they import the installed numbatma (the GPU suite installs a
+# normal, non-editable copy; from the checkout's root, its bare numbatma/ folder would shadow it).
+NEUTRAL_DIR = tempfile.gettempdir()
 PACKAGE = ROOT / "numbatma"
 MODULES = sorted("numbatma" if p.stem == "__init__" else f"numbatma.{p.stem}" for p in PACKAGE.glob("*.py"))
 SUBPACKAGES = ("numbatma.intrinsics", "numbatma.kernels")  # (installed from the top-level intrinsics/, kernels/)
@@ -133,6 +137,6 @@ def test_host_modules_do_not_import_the_device_packages_at_module_level():
 @pytest.mark.parametrize("module", MODULES + list(SUBPACKAGES))
 def test_each_module_imports_first_in_a_fresh_interpreter(module, simulating):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM=simulating)
-    run = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, env=env, capture_output=True,
+    run = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=NEUTRAL_DIR, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, f"import {module} (NUMBA_ENABLE_CUDASIM={simulating}) failed:\n{run.stderr}"

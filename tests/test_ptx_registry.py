@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -11,6 +12,9 @@ import numbatma.intrinsics as I
 from numbatma.intrinsics._asm import Ptx
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# Subprocesses run outside the checkout, so that they import the installed numbatma (the GPU suite installs a
+# normal, non-editable copy; from the checkout's root, its bare numbatma/ folder would shadow it).
+NEUTRAL_DIR = tempfile.gettempdir()
 
 
 def _module_ptx(module):
@@ -130,7 +134,7 @@ def test_the_ptx_sections_are_added_once():
     code = ("import sys, numbatma.intrinsics as I; from numbatma.intrinsics._define import PTX_SECTION; "
             "del sys.modules['numbatma.intrinsics']; import numbatma.intrinsics as J; assert J is not I; "
             "print(J.tma_load.__doc__.count(PTX_SECTION), J.Pipeline.__doc__.count(PTX_SECTION))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=NEUTRAL_DIR)
     assert out.returncode == 0 and out.stdout.split() == ["1", "1"], out.stdout + out.stderr
 
 
@@ -140,7 +144,7 @@ def test_the_simulator_names_show_the_ptx_section():
             "print(sum(PTX_SECTION in (inspect.getdoc(getattr(I, n)) or '') for n in I.__all__), "
             "inspect.getdoc(I.tma_load).count(PTX_SECTION))")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=NEUTRAL_DIR, env=env, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     count, once = map(int, out.stdout.split())
     table = I.all_ptx()
