@@ -150,17 +150,20 @@ def main():
                     batch = max(1, TOKENS // (HEADS * s))
                     run_case(torch, timer, Case(torch, batch, HEADS, s, d, causal), peers + [ours], results, "seq")
 
-    if "variants" in sections:  # what each technique buys, D = 128, S = 8192
+    if "variants" in sections:  # what each technique buys, D = 128, S = 8192 (and 16384 non-causal)
         variants = [("numbatma", numbatma_impl()),
                     ("numbatma serial", numbatma_impl(schedule="serial")),
                     ("numbatma overlap", numbatma_impl(schedule="overlap")),
                     ("numbatma pingpong", numbatma_impl(schedule="pingpong")),
                     ("numbatma stages=1", numbatma_impl(stages=1)),
+                    ("numbatma stages=2", numbatma_impl(stages=2)),
                     ("numbatma bn=64", numbatma_impl(bn=64)),
+                    ("numbatma cyclic order", numbatma_impl(order="cyclic")),
+                    ("numbatma sweep=queries", numbatma_impl(sweep="queries")),
                     ("numbatma not persistent", None)]
-        for causal in (False, True):
-            case = Case(torch, 1, 16, 8192, 128, causal)
-            items = 16 * math.ceil(8192 / 128)
+        for seq, causal in ((8192, False), (8192, True), (16384, False)):
+            case = Case(torch, 1, 16, seq, 128, causal)
+            items = 16 * math.ceil(seq / 128)
             variants[-1] = ("numbatma not persistent", numbatma_impl(grid=items))
             run_case(torch, timer, case, peers[:1] + variants, results, "variants")
 

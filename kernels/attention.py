@@ -12,11 +12,13 @@ per row. ``causal=True`` masks key ``j > i`` for query ``i`` (the top-left align
 Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups):
 
 * **Work**: one item is 128 query rows of one (batch, head); causal items are ordered longest first (the rows
-  near the end of the sequence see the most keys).
+  near the end of the sequence see the most keys), and the CTAs take them in snake order (round ``r``: CTA ``c``
+  takes item ``rG + c``, or ``rG + G - 1 - c`` in odd rounds), which balances the CTAs' total work.
 * **Producer** (warpgroup 0, ``setmaxnreg_dec``): one elected thread TMA-loads, per item, the Q tile (both
   consumers' 64 rows, ``D / 64`` boxes of 64 x 64 with the 128-byte swizzle) through a one-stage
-  :class:`Pipeline`, then for every key block the K tile and the V tile (``D / 64`` boxes of ``bn`` x 64 each)
-  through two ``stages``-deep Pipelines - separate, so that ``Q Kᵀ`` can start while V is still in flight.
+  :class:`Pipeline`, and for every key block the K tile and the V tile (``D / 64`` boxes of ``bn`` x 64 each)
+  through two ``stages``-deep Pipelines - separate, so that ``Q Kᵀ`` can start while V is still in flight. Q
+  goes after the item's first K and V: their stages free up before the previous item's epilogue frees Q's.
 * **Consumers** (warpgroups 1 and 2, ``setmaxnreg_inc``): each owns 64 of the 128 rows, its O accumulator
   (64 x D, float32) and the running row maxima and sums. Per key block: ``S = Q Kᵀ`` (wgmma, both operands
   from shared memory), release K; mask (only the blocks that need it: the ragged last block, the causal
@@ -92,6 +94,8 @@ _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
 CONSUMER_THREADS = 2 * WARPGROUP
 PINGPONG = 3  # named barriers 3 and 4: the consumers' turns to issue (1 and 2: their epilogues)
 SCHEDULES = ("serial", "overlap", "pingpong")
+ORDERS = ("snake", "cyclic")  # how a persistent CTA takes its items, round after round
+SWEEPS = ("heads", "queries")  # which index of the items varies fastest
 
 
 @dataclass(frozen=True)
@@ -100,27 +104,36 @@ class AttentionConfig:
     consumers' ``schedule``: "serial" (each product issued and waited for in turn), "overlap" (FA3's intra-warpgroup
     overlap: ``S`` of block j issued together with ``P V`` of block j - 1, the softmax of j running while ``P V``
     does) or "pingpong" (overlap, and the two consumer warpgroups take turns to issue - named barriers - so that
-    one's softmax runs under the other's products)."""
+    one's softmax runs under the other's products).
+
+    How the persistent CTAs share the items (``G`` CTAs, items numbered as ``sweep`` says): in round ``r`` CTA ``c``
+    takes item ``r G + c`` ("cyclic"), or ``r G + G - 1 - c`` in the odd rounds ("snake": with causal items ordered
+    longest first, every CTA's total work comes out within a few percent of the mean; cyclic leaves the first
+    CTAs up to 25% more). ``sweep``: "heads" numbers the items (batch, head) fastest, "queries" query block
+    fastest (the CTAs running at once then share fewer heads' K and V in L2)."""
 
     bn: int
     stages: int
     smem_bytes: int
     schedule: str = "pingpong"
+    order: str = "snake"
+    sweep: str = "heads"
 
     @property
     def tile(self):
         return (BM, self.bn)
 
 
-def default_config(d, *, bn=None, stages=None, schedule=None):
+def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads"):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
     (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256); the
     "pingpong" schedule (FA3's) for D <= 128 and "serial" for D = 256 - to be confirmed by measurement
     (benchmarks/attention.py --only variants)."""
     if schedule is None:  # (D = 256 overlapped would hold S, P and O at once: 200+ registers, spills)
         schedule = "pingpong" if d <= 128 else "serial"
-    if schedule not in SCHEDULES:
-        raise TensorMapError(f"Attention: schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+    for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
+        if value not in choices:
+            raise TensorMapError(f"Attention: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     if bn is None:
         bn = 128 if d <= 128 else 64
     most = 128 if d <= 128 else 64  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
@@ -138,7 +151,7 @@ def default_config(d, *, bn=None, stages=None, schedule=None):
         raise TensorMapError(f"Attention: stages={stages} with head dim {d} and bn={bn} needs "
                              f"{q_bytes + stages * stage_bytes} bytes of shared memory; at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
-    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule)
+    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep)
 
 
 # -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
@@ -174,11 +187,33 @@ def _scale_rows(o, half, col, f):
 
 
 @cuda.jit(device=True, inline="always")
-def _item(t, heads, batch_heads, nmb, causal):
+def _work(lse, heads, sq, sk, bn):
+    """(batch·heads, query blocks per head, key blocks, items, rounds of the persistent loop)."""
+    batch_heads = lse.shape[0] * heads
+    nmb = (sq + BM - 1) // BM
+    total = batch_heads * nmb
+    return batch_heads, nmb, (sk + bn - 1) // bn, total, (total + cuda.gridDim.x - 1) // cuda.gridDim.x
+
+
+@cuda.jit(device=True, inline="always")
+def _round_item(r, snake):
+    """The item this CTA takes in round ``r`` (:class:`AttentionConfig`'s ``order``)."""
+    g = cuda.gridDim.x
+    if snake and r % 2 == 1:
+        return r * g + g - 1 - cuda.blockIdx.x
+    return r * g + cuda.blockIdx.x
+
+
+@cuda.jit(device=True, inline="always")
+def _item(t, heads, batch_heads, nmb, causal, queries_fastest):
     """(batch, head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
-    longest first), batch·head fastest."""
-    mb = t // batch_heads
-    bh = t - mb * batch_heads
+    longest first); batch·head fastest, or the query block fastest."""
+    if queries_fastest:
+        bh = t // nmb
+        mb = t - bh * nmb
+    else:
+        mb = t // batch_heads
+        bh = t - mb * batch_heads
     if causal:
         mb = nmb - 1 - mb
     b = bh // heads
@@ -197,9 +232,11 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
+def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads"):
     """The kernel of one configuration (every argument a compile-time constant of the closure)."""
     pingpong = schedule == "pingpong"
+    snake = order == "snake"
+    queries_fastest = sweep == "queries"
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
     box_kv = bn * CHUNK  # elements of one K or V box (bn x 64)
@@ -263,24 +300,20 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
         qpipe = Pipeline(1, 1, 2)  # full: the producer + Q's bytes; empty: one arrival per consumer warpgroup
         kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
         vpipe = Pipeline(stages, 1, 8)
-        batch_heads = lse.shape[0] * heads
-        nmb = (sq + BM - 1) // BM
-        nkb = (sk + bn - 1) // bn
-        total = batch_heads * nmb
         wg = cuda.threadIdx.x // WARPGROUP
         if wg == 0:
             setmaxnreg_dec(PRODUCER_REGISTERS)
+            # (the work counts are computed after setmaxnreg, in each role: values live across it get spilled)
+            batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
             if cuda.threadIdx.x < 32:
                 if elect_one_sync():
-                    for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
-                        b, h, m0 = _item(t, heads, batch_heads, nmb, causal)
+                    for r in range(rounds):
+                        t = _round_item(r, snake)
+                        if t >= total:  # (only in the last round)
+                            break
+                        b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
                         hk = h // group
                         blocks = _key_blocks(m0, nkb, bn, causal)
-                        qpipe.producer_acquire()
-                        for w in range(2):
-                            for c in range(chunks):
-                                qpipe.load(q_tile(smem, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
-                        qpipe.producer_commit()
                         for j in range(blocks):
                             s = kpipe.producer_acquire()
                             for c in range(chunks):
@@ -292,16 +325,29 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
                                 vpipe.load(shared_view(smem, v_base + s * kv_elems + c * box_kv, (bn, CHUNK)), v_map,
                                            (b, hk, j * bn, CHUNK * c))
                             vpipe.producer_commit()
+                            if j == 0:
+                                # Q after the item's first K and V: their stages free up while the consumers still
+                                # finish the previous item, Q's only after its epilogue, so K and V are in flight
+                                # (or landed) by the time Q's stage is free.
+                                qpipe.producer_acquire()
+                                for w in range(2):
+                                    for c in range(chunks):
+                                        qpipe.load(q_tile(smem, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
+                                qpipe.producer_commit()
         else:
             setmaxnreg_inc(CONSUMER_REGISTERS)
+            batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
             w = wg - 1
             tw = cuda.threadIdx.x - wg * WARPGROUP
             lane = cuda.threadIdx.x % 32
             row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
             if pingpong and w == 1 and cuda.blockIdx.x < total:
                 named_barrier_arrive(PINGPONG, CONSUMER_THREADS)  # consumer 0 issues first
-            for t in range(cuda.blockIdx.x, total, cuda.gridDim.x):
-                b, h, m0 = _item(t, heads, batch_heads, nmb, causal)
+            for r in range(rounds):
+                t = _round_item(r, snake)
+                if t >= total:
+                    break
+                b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
                 blocks = _key_blocks(m0, nkb, bn, causal)
                 row0 = m0 + WG_ROWS * w + row_in_wg
                 m_a = NEG_INF  # running maxima (scaled by scale·log2 e) of the thread's two rows
@@ -389,12 +435,13 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule):
 class Attention(Plan):
     """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
-    ``stages``, ``schedule`` ("serial", "overlap", "pingpong": :class:`AttentionConfig`), ``grid`` (CTAs; default
+    ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
+    "queries") - :class:`AttentionConfig` says what they do - ``grid`` (CTAs; default
     one per SM). ``lse``: a (B, Hq, Sq) float32 array, or None (the plan allocates one). ``launch(stream)`` returns
     ``(o, lse)``."""
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, grid=None):
+                 schedule=None, order="snake", sweep="heads", grid=None):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -451,7 +498,7 @@ class Attention(Plan):
         self.kernel = None
         if bq * hq * sq == 0:
             return
-        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule)
+        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
@@ -475,7 +522,7 @@ class Attention(Plan):
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
-                                        cfg.schedule)
+                                        cfg.schedule, cfg.order, cfg.sweep)
 
     @property
     def cacheable(self):

@@ -69,6 +69,10 @@ def test_bad_arguments():
         Attention(q, k, v, o, lse, stages=9)
     with pytest.raises(TensorMapError, match="schedule must be one of 'serial', 'overlap', 'pingpong'"):
         Attention(q, k, v, o, lse, schedule="fast")
+    with pytest.raises(TensorMapError, match="order must be one of 'snake', 'cyclic', got 'zigzag'"):
+        Attention(q, k, v, o, lse, order="zigzag")
+    with pytest.raises(TensorMapError, match="sweep must be one of 'heads', 'queries', got 'batch'"):
+        Attention(q, k, v, o, lse, sweep="batch")
     with pytest.raises(TensorMapError, match="causal must be True or False, got 'yes'"):
         Attention(q, k, v, o, lse, causal="yes")
     for bad in ("0.1", float("nan"), float("inf"), True):

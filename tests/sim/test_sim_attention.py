@@ -25,12 +25,24 @@ CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, layout, bn, sc
     (1, 1, 1, 70, 100, 64, True, "bhsd", 32, "serial"),  # each product waited for in turn; four key blocks
     (1, 1, 1, 64, 150, 64, False, "bhsd", 48, "overlap"),  # intra-warpgroup overlap only; bn = 48
 ]
+ORDER_CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, order, sweep): a grid of 2 CTAs
+    (1, 3, 1, 100, 90, 64, True, "snake", "heads"),  # 3 items: in round 1 (reversed) CTA 0 has none
+    (1, 3, 1, 200, 200, 64, True, "cyclic", "queries"),  # 6 items, query blocks fastest, 3 rounds
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}/{}-{}x{}-d{}-{}-{}-bn{}-{}".format(
     c[0], c[1], c[2], c[3], c[4], c[5], "causal" if c[6] else "full", c[7], c[8], c[9] or "default"))
 def test_attention_matches_numpy(case):
-    b, hq, hk, sq, sk, d, causal, layout, bn, schedule = case
+    check(*case)
+
+
+@pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: f"{c[7]}-{c[8]}")
+def test_every_item_is_computed_once_in_any_order(case):
+    check(*case[:7], "bhsd", 64, None, order=case[7], sweep=case[8])
+
+
+def check(b, hq, hk, sq, sk, d, causal, layout, bn, schedule, **options):
     rng = np.random.default_rng()
     q = rng.standard_normal((b, hq, sq, d)).astype(np.float16)
     k = rng.standard_normal((b, hk, sk, d)).astype(np.float16)
@@ -39,7 +51,7 @@ def test_attention_matches_numpy(case):
     d_o = cuda.to_device(np.full(as_layout(q).shape, np.nan, np.float16))
     d_lse = cuda.to_device(np.full((b, hq, sq), np.nan, np.float32))
     plan = Attention(*(cuda.to_device(as_layout(x)) for x in (q, k, v)), d_o, d_lse, causal=causal, layout=layout,
-                     bn=bn, stages=2, schedule=schedule)
+                     bn=bn, stages=2, schedule=schedule, **options)
     o, lse = plan.launch()
     got = heads_major(o.copy_to_host(), layout).astype(np.float64)
     got_lse = lse.copy_to_host()
