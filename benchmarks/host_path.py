@@ -40,9 +40,18 @@ def cases(torch):
     o = torch.empty_like(q)
     rows = torch.empty(64, device=dev)
     plan = K.StreamCopy(x, y)
+    pool = torch.randn(4 * 8192, device=dev)  # (views 32 KiB apart: the same alignment class, so one cached plan)
+    pairs = [(pool[i:i + 4096].view(64, 64), pool[i + 8192:i + 12288].view(64, 64)) for i in (0, 16384)]
+    turn = [0]
+
+    def alternating():  # (other tensors every call: the cached plan is re-pointed each time)
+        turn[0] ^= 1
+        return K.stream_copy(*pairs[turn[0]])
+
     return [
         ("StreamCopy plan.launch vs copy_", lambda: plan.launch(), lambda: y.copy_(x)),
         ("stream_copy vs copy_", lambda: K.stream_copy(x, y), lambda: y.copy_(x)),
+        ("stream_copy new tensors vs copy_", alternating, lambda: y.copy_(x)),
         ("axpy vs add(alpha)", lambda: K.axpy(2.0, x, a, y), lambda: torch.add(a, x, alpha=2.0, out=y)),
         ("transpose vs t().copy_", lambda: K.transpose(x, y), lambda: y.copy_(x.t())),
         ("row_sum vs sum", lambda: K.row_sum(x, rows), lambda: torch.sum(x, -1, out=rows)),

@@ -58,16 +58,19 @@ def slot_elems(nelems, itemsize, align=BOX_ALIGN):
 
 
 def byte_extent(layout):
-    """``[lo, hi)``: the bytes an array's elements span (``lo == hi`` for an empty array) - for overlap checks."""
-    if 0 in layout.shape:
-        return layout.ptr, layout.ptr
-    lo = hi = layout.ptr
-    for n, st in zip(layout.shape, layout.strides):
+    """``[lo, hi)``: the bytes an array's elements span (``lo == hi`` for an empty array) - for overlap checks.
+    ``layout``: an :class:`numbatma.ArrayLayout`, or its fields as a tuple (:func:`numbatma.layout_facts`)."""
+    ptr, shape, strides, dtype = layout if isinstance(layout, tuple) else (
+        layout.ptr, layout.shape, layout.strides, layout.dtype)
+    if 0 in shape:
+        return ptr, ptr
+    lo = hi = ptr
+    for n, st in zip(shape, strides):
         if st >= 0:
             hi += (n - 1) * st
         else:
             lo += (n - 1) * st
-    return lo, hi + layout.dtype.itemsize
+    return lo, hi + dtype.itemsize
 
 
 def same_layout(op, *arrays):

@@ -12,33 +12,43 @@ launched any number of times. Every plan class derives from :class:`Plan` and pr
 * ``output``: the array the plan writes;
 * ``launch(stream=None)``: launch on ``stream`` (asynchronously) and return ``output``.
 
+An output the plan allocates itself (attention's ``lse`` when none is given) is made with
+:meth:`Plan.owned_output`; the function form then still caches the plan and gives each call a fresh one
+(:meth:`Plan.fresh_outputs`).
+
 Streams: ``launch`` takes a numba, torch, CuPy or cuda.core stream, anything with ``__cuda_stream__``, or a raw
 handle (:func:`numbatma.streams.as_stream`). With none given, a plan built from torch tensors launches on torch's
 *current* stream (so it orders with the torch ops around it), any other on the legacy default stream.
 
-Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once, a few microseconds of host
-time per launch instead of tens) on first use, and again whenever ``kernel`` or a scalar argument changed (such as
-``Axpy.a``, ``Gemm.alpha``/``beta``, ``Attention.scale``); the arrays and
-descriptors are fixed when the plan is built until
-:meth:`Plan.rebind` re-points it at other arrays, which drops the prepared launch. Plans never
-launch dependent (``prepare_launch(..., scoped=False)``: ``numbatma.dependent_launch()`` does not reach them), as
-their kernels do not call ``griddepcontrol_wait`` yet.
+Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once; a launch is then the
+stream look-up and cuda.core's ``launch``) on first use. A plan notices its changes through attribute assignment
+(``Plan.__setattr__``): after one (``plan.a = 3.0``, ``Gemm.alpha``/``beta``, ``Attention.scale``, a new
+``kernel``), or a :meth:`Plan.rebind`, the next launch compares ``kernel``, ``grid``/``block``/``shared_mem`` and
+``args`` with the prepared ones: changed arrays, views, descriptors and scalars of the same types are patched into
+the prepared launch (``update``: their addresses and values), anything else prepares again. A launch with nothing
+assigned since does no comparison at all. The arrays and descriptors are fixed when the plan is built until
+:meth:`Plan.rebind` re-points them. Plans never launch dependent (``prepare_launch(..., scoped=False)``:
+``numbatma.dependent_launch()`` does not reach them), as their kernels do not call ``griddepcontrol_wait`` yet.
 
 The function form of a plan (``stream_copy(src, dst, stream=..., **options)`` etc.) is :func:`run` : look the
 plan up in a small LRU cache (:func:`plan_cache_size`, :func:`clear_plan_cache`; see :func:`run` for the key),
-re-point a cached plan at the new arrays (:meth:`Plan.rebind`) or build one, launch it on ``stream``, return its
-output.
+use it as it is (the same arrays again), re-point it at the new arrays (:meth:`Plan.rebind`) or build one, launch
+it on ``stream``, return its output.
 """
 from __future__ import annotations
 
-from numbatma import array_layout, launch_argument, prepare_launch
-from numbatma.streams import as_stream, default_stream
+from numbatma import ArrayLayout, launch_argument, layout_facts, prepare_launch
+from numbatma.streams import as_stream, torch_device, torch_stream
 
-from ._rebind import NotRebindable, Range, Rebinder, is_scalar
+from ._launch import byte_extent
+from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map
 
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
 
-_DROPPED = ("_user_arrays", "_prepared_launch")  # (not walked by rebind: reset instead)
+_UNSET = object()
+# The plan's own bookkeeping (assigning these is not a change of the plan; rebind does not walk them).
+_BOOKKEEPING = frozenset({"_user_arrays", "_user_facts", "_owned", "_prepared_launch", "_stale", "_rebind_map",
+                          "_torch_device"})
 
 
 class Plan:
@@ -46,7 +56,13 @@ class Plan:
 
     A subclass sets ``kernel``, ``block``, ``shared_mem`` (attributes or properties) and provides ``grid``,
     ``args`` and ``output``; it overrides :meth:`launch` only when a launch is more than one kernel call
-    (and then keeps its return convention)."""
+    (and then keeps its return convention). An output the plan allocates itself (returned by ``launch``) is made
+    with :meth:`owned_output`, so that the function form can cache the plan and hand each call its own array.
+
+    Changes are seen through assignment: assigning any attribute of a plan (``plan.a = 3.0``, ``self.kernel = ...``)
+    makes the next launch look at ``kernel``, ``grid``/``block``/``shared_mem`` and ``args`` again, and makes the
+    next :meth:`rebind` walk the plan again. Mutating an object a plan holds (a helper's attribute, a list) is not
+    seen: assign the plan attribute instead."""
 
     kernel = None
     block = 32
@@ -58,15 +74,31 @@ class Plan:
 
     @property
     def cacheable(self):
-        """Whether :func:`run` may keep this plan for later calls (``rebindable``; a plan that allocated an
-        array of its own that it returns, which a later call must not share, says False)."""
+        """Whether :func:`run` may keep this plan for later calls (``rebindable``; a subclass whose plans must not
+        be kept in some cases overrides it). Outputs made with :meth:`owned_output` do not prevent caching: a
+        cache hit gives the plan fresh ones (:meth:`fresh_outputs`)."""
         return type(self).rebindable
 
     def __new__(cls, *arrays, **options):
         plan = super().__new__(cls)
-        plan._user_arrays = arrays  # (what a launch without a stream looks at: torch tensors -> torch's stream)
-        plan._prepared_launch = None
+        plan.__dict__.update(
+            _user_arrays=arrays,  # (what a launch without a stream looks at: torch tensors -> torch's stream)
+            _user_facts=None,  # (their layout_facts, None for a scalar: recorded by run() or the first rebind)
+            _owned=(),  # ((array, make, facts), ...): the outputs made with owned_output
+            _prepared_launch=None,  # (kernel, run, (grid, block, shared_mem), args)
+            _stale=True,  # (an attribute was assigned since the launch was prepared)
+            _rebind_map=None,  # (rebind's map of the plan: _rebind.rebind_map)
+            _torch_device=_UNSET)  # (the device of the first torch tensor argument, or None)
         return plan
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if name not in _BOOKKEEPING:
+            self.__dict__.update(_stale=True, _rebind_map=None)
+
+    def __delattr__(self, name):
+        object.__delattr__(self, name)
+        self.__dict__.update(_stale=True, _rebind_map=None)
 
     @property
     def args(self):
@@ -78,6 +110,24 @@ class Plan:
         """The array the plan writes (what :meth:`launch` returns)."""
         raise NotImplementedError
 
+    def owned_output(self, make):
+        """An output array this plan allocates itself, ``make()`` (e.g. ``lambda: cuda.device_array(shape,
+        dtype)``), and returns from :meth:`launch`; returns it. The plan remembers ``make``: on a cache hit
+        :func:`run` calls :meth:`fresh_outputs`, which makes each such array again, so no two calls of a function
+        form share one."""
+        array = make()
+        self.__dict__["_owned"] = self._owned + ((array, make, layout_facts(array)),)
+        self.__dict__["_rebind_map"] = None
+        return array
+
+    def fresh_outputs(self):
+        """Make every output of :meth:`owned_output` again (``make()``) and re-point whatever refers to the old
+        one (attributes, descriptors, views: as :meth:`rebind` does); the plan's launch then writes and returns
+        the new arrays. Nothing for a plan without such outputs. Raises :class:`NotRebindable` as rebind does."""
+        if self._owned:
+            self._repoint(self._user_arrays, self._facts(), fresh=True)
+        return self
+
     def rebind(self, *arrays):
         """Point this plan at ``arrays``: the arguments it was built from (scalars included, in the same order),
         each array of the same layout (shape, byte strides, dtype) as before; returns the plan.
@@ -88,29 +138,66 @@ class Plan:
         address lies inside input ``i``'s memory is re-pointed (``repoint``, no re-encoding) ``delta_i`` bytes
         further; every :class:`numbatma.DeviceView`, :class:`numbatma.ArrayLayout` and (simulator) array view
         inside input ``i`` is re-made ``delta_i`` further; every reference to an old input array becomes the new
-        one. The prepared launch is dropped (the next launch prepares with the new arguments). Raises
-        :class:`NotRebindable` where it cannot (a view it cannot re-make, an address inside two inputs that
-        moved differently); the plan is then in an undefined state and must be dropped."""
-        old = getattr(self, "_user_arrays", ())
+        one. The plan is walked once to find these (:mod:`numbatma.kernels._rebind`: a map replayed by later
+        rebinds, walked again after an attribute of the plan is assigned). The prepared launch is kept: the next
+        launch patches the replaced views and arrays into it (or prepares again where it cannot). Raises
+        :class:`NotRebindable` where it cannot (a view it cannot re-make, an address inside two inputs that moved
+        differently); the plan is then in an undefined state and must be dropped."""
+        old = self._user_arrays
         if len(old) != len(arrays):
             raise NotRebindable(f"{type(self).__name__} was built from {len(old)} arguments, got {len(arrays)}")
         if not type(self).rebindable:
             raise NotRebindable(f"{type(self).__name__} plans cannot be re-pointed")
-        ranges = []
-        for o, n in zip(old, arrays):
+        facts = []
+        for o, fo, n in zip(old, self._facts(), arrays):
             if is_scalar(o) or is_scalar(n):
                 if not (is_scalar(o) and is_scalar(n)):
                     raise NotRebindable("an array argument became a scalar (or the reverse)")
-                continue  # (scalars are part of the cache key: equal by value)
-            lo_, ln = array_layout(o), array_layout(n)
-            if (lo_.shape, lo_.strides, lo_.dtype) != (ln.shape, ln.strides, ln.dtype):
+                facts.append(None)  # (scalars are part of the cache key: equal by value)
+                continue
+            fn = layout_facts(n)
+            if fo[1:] != fn[1:]:
+                lo_, ln = ArrayLayout(*fo), ArrayLayout(*fn)
                 raise NotRebindable(f"{ln.name} with byte strides {ln.strides} is not the layout the plan was "
                                     f"built for ({lo_.name} with byte strides {lo_.strides})")
-            ranges.append(Range(o, n, lo_, ln))
-        if any(r.old is not r.new for r in ranges):
-            Rebinder(ranges).fix_object(self, skip=_DROPPED)
-            self._prepared_launch = None
-        self._user_arrays = arrays
+            facts.append(fn)
+        return self._repoint(arrays, tuple(facts))
+
+    def _facts(self):
+        """The layout_facts of the arguments (None for a scalar) as the plan last saw them."""
+        facts = self._user_facts
+        if facts is None:
+            facts = self.__dict__["_user_facts"] = tuple(
+                None if is_scalar(a) else layout_facts(a) for a in self._user_arrays)
+        return facts
+
+    def _repoint(self, arrays, facts, fresh=False, overlap=True):
+        """Move the plan to ``arrays`` (``facts``: their layout_facts, each of the layout it was built for) and, with
+        ``fresh``, to new owned outputs: the work of :meth:`rebind` and :meth:`fresh_outputs`. ``overlap=False``:
+        the caller knows that no two arguments overlap (the cache key says so)."""
+        old_args, old_facts, owned = self._user_arrays, self._facts(), self._owned
+        new_args, new_facts = arrays, facts
+        if owned:  # (the owned outputs: arguments after the caller's)
+            if fresh:
+                owned = tuple(_remade(output) for output in owned)
+            old_args += tuple([o[0] for o in self._owned])
+            old_facts += tuple([o[2] for o in self._owned])
+            new_args += tuple([o[0] for o in owned])
+            new_facts += tuple([o[2] for o in owned])
+        moves = moves_of(old_args, new_args, old_facts, new_facts)
+        tree = self._rebind_map
+        keep = True  # (overlapping arguments moving apart: a map for this move only)
+        if overlap and len(moves) > 1:
+            delta = [0 if m is None else m.delta for m in moves]
+            pairs = overlapping([None if f is None else byte_extent(f) for f in old_facts])
+            keep = all(delta[i] == delta[j] for i, j in pairs)
+        if tree is None or not keep:
+            tree = rebind_map(self, old_args, old_facts, skip=_BOOKKEEPING)
+        apply_moves(tree, self, moves)
+        self.__dict__.update(_user_arrays=arrays, _user_facts=facts, _owned=owned,
+                             _rebind_map=tree if keep else None, _torch_device=_UNSET)
+        if any(m is not None for m in moves):
+            self.__dict__["_stale"] = True
         return self
 
     def launch_args(self):
@@ -119,23 +206,63 @@ class Plan:
 
     def stream_for(self, stream):
         """The stream a launch on ``stream`` uses (see the module docstring): ``stream`` as numba takes it, or with
-        None the default for this plan's arrays."""
-        if stream is None:
-            return default_stream(getattr(self, "_user_arrays", ()))
-        return as_stream(stream)
+        None the default for this plan's arrays (torch's current stream, looked up per launch, for a plan of
+        torch tensors; which tensor is decided once per set of arrays)."""
+        if stream is not None:
+            return as_stream(stream)
+        device = self._torch_device
+        if device is _UNSET:
+            device = self.__dict__["_torch_device"] = torch_device(self._user_arrays)
+        return 0 if device is None else torch_stream(device)
 
     def launch(self, stream=None):
         """Launch the kernel on ``stream`` (asynchronously, like any kernel launch) and return ``output``.
         Nothing is launched when there is nothing to compute (``kernel`` is None). The launch is prepared on first
-        use, and again when ``kernel`` or a scalar argument changed."""
-        if self.kernel is not None:
-            scalars = tuple(a for a in self.args if is_scalar(a))  # (``Axpy.a``, ``Gemm.alpha``: changeable)
-            prepared = getattr(self, "_prepared_launch", None)
-            if prepared is None or prepared[0] is not self.kernel or prepared[1] != scalars:
-                prepared = self._prepared_launch = (self.kernel, scalars, prepare_launch(
-                    self.kernel, self.launch_args(), self.grid, self.block, self.shared_mem, scoped=False))
-            prepared[2](self.stream_for(stream))
+        use; after an attribute of the plan was assigned (or a rebind) the next launch compares ``kernel``,
+        ``grid``/``block``/``shared_mem`` and ``args`` with what it was prepared with and patches the changed
+        arguments in, or prepares again."""
+        prepared = self._prepared_launch
+        if self._stale or prepared is None:  # (kernel, geometry and args change only by assignment: see Plan)
+            kernel = self.kernel
+            prepared = None if kernel is None else self._prepare(kernel)
+        if prepared is not None:
+            prepared[1](self.stream_for(stream))
         return self.output
+
+    def _prepare(self, kernel):
+        """The prepared launch of ``kernel`` with the plan's ``args`` and geometry now: the one there is (its changed
+        arguments patched in: ``update``, where it has that) or a new one."""
+        args = self.args
+        geometry = (self.grid, self.block, self.shared_mem)
+        prepared = self._prepared_launch
+        if prepared is not None and prepared[0] is kernel and prepared[2] == geometry:
+            update = getattr(prepared[1], "update", None)
+            if update(args) if update is not None else _same_arguments(args, prepared[3]):
+                prepared = (kernel, prepared[1], geometry, args)
+            else:
+                prepared = None
+        else:
+            prepared = None
+        if prepared is None:
+            prepared = (kernel, prepare_launch(kernel, args, *geometry, scoped=False), geometry, args)
+        self.__dict__.update(_prepared_launch=prepared, _stale=False)
+        return prepared
+
+
+def _same_arguments(new, old):
+    """Whether a prepared launch of ``old`` launches ``new`` as it is: the same objects, scalars of equal value."""
+    return len(new) == len(old) and all(
+        a is b or is_scalar(a) and type(a) is type(b) and a == b for a, b in zip(new, old))
+
+
+def _remade(output):
+    """An owned output ``(array, make, facts)`` made again (``make()``: the same layout, another array)."""
+    array, make, facts = output
+    new = make()
+    new_facts = layout_facts(new)
+    if new_facts[1:] != facts[1:]:
+        raise NotRebindable(f"an owned output was made again with another layout: {ArrayLayout(*new_facts).name}")
+    return new, make, new_facts
 
 
 # (imported last: the cache module uses nothing of this one at import time)

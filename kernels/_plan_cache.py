@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from numbatma import SIMULATING, array_layout
+from numbatma import SIMULATING, layout_facts
 
 from ._launch import byte_extent as _extent
 from ._rebind import is_scalar as _is_scalar
@@ -53,14 +53,50 @@ def plan_cache_info():
 
 
 def _device_id():
+    """The device this thread's launches go to (its current CUDA context's; None without a driver: plans built
+    offline): the cache key's device. ``cuCtxGetDevice`` through cuda.bindings; where no context is current yet,
+    numba's current device (which makes device 0's primary context current, as a launch would)."""
     if SIMULATING:
         return 0
+    probe = _device_probe
+    if probe is None:
+        probe = _make_device_probe()
+    return probe()
+
+
+_device_probe = None  # (made on first use: the driver's cuCtxGetDevice, or a stand-in without a driver)
+
+
+def _no_device():
+    return None
+
+
+def _numba_device_id():
     try:
         from numba import cuda
 
         return cuda.get_current_device().id
     except Exception:  # noqa: BLE001 - no driver (plans built offline): one device
         return None
+
+
+def _make_device_probe():
+    global _device_probe
+    try:
+        from cuda.bindings import driver
+
+        get, ok = driver.cuCtxGetDevice, driver.CUresult.CUDA_SUCCESS
+        get()  # (loads the driver library: raises where there is none)
+    except Exception:  # noqa: BLE001 - no driver here (plans built offline): one device, None
+        _device_probe = _no_device
+        return _device_probe
+
+    def probe():
+        err, device = get()
+        return int(device) if err == ok else _numba_device_id()
+
+    _device_probe = probe
+    return probe
 
 
 def _option_key(value):
@@ -74,23 +110,54 @@ def _option_key(value):
 def cache_key(plan_class, arrays, options):
     """The cache key of ``run(plan_class, *arrays, **options)``, or None when the call cannot be cached (an
     unhashable option or scalar, an argument numbatma cannot read). See :func:`run`."""
+    key = _key_and_facts(plan_class, arrays, options)[0]
     try:
-        opts = tuple(sorted((k, _option_key(v)) for k, v in options.items()))
-        parts, extents = [], []
-        for a in arrays:
+        hash(key)
+    except TypeError:  # (an unhashable scalar or option value)
+        return None
+    return key
+
+
+def _key_and_facts(plan_class, arrays, options):
+    """(the cache key, the arguments' layout_facts with None for a scalar, whether two arguments overlap), or
+    (None, None, None)."""
+    try:
+        opts = tuple(sorted((k, _option_key(v)) for k, v in options.items())) if options else ()
+        parts, facts, spans, overlap = [], [], [], False
+        for i, a in enumerate(arrays):
             if _is_scalar(a):
                 parts.append(("scalar", _option_key(a)))
+                facts.append(None)
                 continue
-            lay = array_layout(a)
-            lo, hi = _extent(lay)
-            overlaps = tuple(j for j, (l2, h2) in extents if lo < h2 and l2 < hi or lo == l2)
-            extents.append((len(parts), (lo, hi)))
-            parts.append((type(a).__name__, lay.shape, lay.strides, lay.dtype, lay.ptr % 1024, overlaps))
-        key = (plan_class, opts, tuple(parts), _device_id())
-        hash(key)
-        return key
+            f = layout_facts(a)  # (ptr, shape, byte strides, dtype)
+            lo, hi = _span(f)
+            overlaps = ()
+            for j, lo2, hi2 in spans:
+                if lo < hi2 and lo2 < hi or lo == lo2:
+                    overlaps += (j,)
+                    overlap = True
+            spans.append((i, lo, hi))
+            parts.append((type(a).__name__, f[1], f[2], f[3], f[0] & 1023, overlaps))
+            facts.append(f)
+        return (plan_class, opts, tuple(parts), _device_id()), tuple(facts), overlap
     except Exception:  # noqa: BLE001 - unhashable options, arguments numbatma cannot read: not cached
-        return None
+        return None, None, None
+
+
+def _span(facts):
+    """The byte extent ``[lo, hi)`` of an array (:func:`numbatma.kernels._launch.byte_extent`), its offsets
+    remembered per (shape, strides, dtype)."""
+    layout = facts[1:]
+    offsets = _spans.get(layout)
+    if offsets is None:
+        if len(_spans) >= 4096:
+            _spans.clear()
+        offsets = _spans[layout] = _extent((0,) + layout)
+    ptr = facts[0]
+    return ptr + offsets[0], ptr + offsets[1]
+
+
+_spans = {}
 
 
 def run(plan_class, *arrays, stream=None, **options):
@@ -100,30 +167,50 @@ def run(plan_class, *arrays, stream=None, **options):
     The cache (LRU, :func:`plan_cache_size` plans, :func:`clear_plan_cache`) is keyed by the plan class, the
     options (by type and value; an unhashable option: no caching for that call), and for every positional
     argument: for an array its type name, shape, byte strides, dtype, ``ptr % 1024`` (plans may depend on the
-    alignment) and which earlier arguments it overlaps; for a scalar its type and value; and the current device.
-    On a hit the plan is re-pointed at the new arrays (:meth:`Plan.rebind`). Plan classes with ``rebindable =
-    False`` and plans whose ``cacheable`` is False are built every call. A plan in use is taken out of the cache
-    (a concurrent call with the same key builds its own).
+    alignment) and which earlier arguments it overlaps; for a scalar its type and value; and the current device
+    (the current CUDA context's). Arrays are read with :func:`numbatma.layout_facts` (torch tensors through their
+    methods), once per call. On a hit:
 
-    Retention: a cached plan keeps references to the arrays of its last call (descriptors, views, output), so the
-    cache keeps at most ``plan_cache_size()`` plans' last arrays alive; :func:`clear_plan_cache` frees them."""
-    key = cache_key(plan_class, arrays, options) if _cache_max and plan_class.rebindable else None
+    * the very same array objects at the same addresses as the plan's last call: nothing to do, the plan launches
+      as it is (a dict look-up and the launch);
+    * other arrays (or the same objects at other addresses): the plan is re-pointed at them
+      (:meth:`Plan.rebind`'s work: its map of where each argument's descriptors, views and references sit is made
+      once and replayed; the prepared launch gets the new addresses patched in at the next launch);
+    * a plan with outputs of its own (:meth:`Plan.owned_output`, e.g. attention's ``lse``) gets fresh ones
+      (:meth:`Plan.fresh_outputs`): each call returns its own.
+
+    A re-point that fails builds a fresh plan. Plan classes with ``rebindable = False`` and plans whose
+    ``cacheable`` is False are built every call. A plan in use is taken out of the cache (a concurrent call with the
+    same key builds its own).
+
+    Retention: a cached plan keeps references to the arrays of its last call (descriptors, views, output, its
+    prepared launch), so the cache keeps at most ``plan_cache_size()`` plans' last arrays alive;
+    :func:`clear_plan_cache` frees them."""
+    key = None
+    if _cache_max and plan_class.rebindable:
+        key, facts, overlap = _key_and_facts(plan_class, arrays, options)
+    if key is not None:
+        try:
+            with _cache_lock:
+                plan = _cache.pop(key, None)
+                _stats["hits" if plan is not None else "misses"] += 1
+        except TypeError:  # (an unhashable scalar or option value: the key cannot be looked up)
+            key = None
     if key is None:
         with _cache_lock:
             _stats["uncached"] += 1
         return plan_class(*arrays, **options).launch(stream)
-    with _cache_lock:
-        plan = _cache.pop(key, None)
-        _stats["hits" if plan is not None else "misses"] += 1
     if plan is not None:
         try:
-            plan.rebind(*arrays)
+            if plan._owned or not _same_arrays(plan, arrays, facts):
+                plan._repoint(arrays, facts, fresh=True, overlap=overlap)
         except Exception:  # noqa: BLE001 - NotRebindable, or a re-point the driver refused: a fresh plan is always right
             with _cache_lock:
                 _stats["rebind_failed"] += 1
             plan = None
     if plan is None:
         plan = plan_class(*arrays, **options)
+        plan.__dict__["_user_facts"] = facts
     out = plan.launch(stream)
     if plan.cacheable:
         with _cache_lock:
@@ -131,3 +218,13 @@ def run(plan_class, *arrays, stream=None, **options):
             while len(_cache) > _cache_max:
                 _cache.popitem(last=False)
     return out
+
+
+def _same_arrays(plan, arrays, facts):
+    """Whether ``plan`` already points at ``arrays``: the same objects, at the same addresses (a torch tensor can
+    move in place: ``set_``, ``resize_``)."""
+    old, old_facts = plan._user_arrays, plan._facts()
+    for a, b, f, g in zip(arrays, old, facts, old_facts):
+        if a is not b or f is not None and f[0] != g[0]:
+            return False
+    return True

@@ -17,6 +17,7 @@ from .tensormap import (
     aligned_columns,
     array_layout,
     kernel_view,
+    layout_facts,
     layout_view,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "TensorMapError",
     "aligned_columns",
     "array_layout",
+    "layout_facts",
     "kernel_view",
     "layout_view",
     "Im2colTensorMap",

@@ -4,7 +4,8 @@ mode, ``tensormap.py``) and, through it, of :class:`numbatma.Im2colTensorMap` (i
 Here, once:
 
 * the array intake: :func:`array_layout` reads pointer, shape, byte strides and dtype from any CUDA array
-  (CUDA Array Interface, DLPack, the simulator's arrays), into an :class:`ArrayLayout`;
+  (CUDA Array Interface, DLPack, the simulator's arrays; torch tensors through their methods), into an
+  :class:`ArrayLayout` (:func:`layout_facts`: the same as a plain tuple);
 * the element mapping: NumPy dtype -> driver data type (``_TMA_DTYPE``; float8 travels as its bytes), and the
   element type kernels see (:func:`numba_dtype`);
 * the options every mode takes (``swizzle``, ``oob_fill``, ``l2_promotion``, ``interleave``, ``tf32``) and the
@@ -129,10 +130,18 @@ def numba_dtype(dtype):
 
 
 def bits_dtype(dtype):
-    """bfloat16 / float8 (which numba kernels cannot take) as uint16 / uint8: the same bits."""
-    if dtype.name == "bfloat16" or dtype.kind == "V" or dtype.name in _FP8_DTYPES:
-        return np.dtype(f"<u{dtype.itemsize}")
-    return dtype
+    """bfloat16 / float8 (which numba kernels cannot take) as uint16 / uint8: the same bits. (Decided once per
+    dtype: NumPy builds ``dtype.name`` on every access.)"""
+    bits = _BITS.get(dtype)
+    if bits is None:
+        bits = dtype
+        if dtype.name == "bfloat16" or dtype.kind == "V" or dtype.name in _FP8_DTYPES:
+            bits = np.dtype(f"<u{dtype.itemsize}")
+        _BITS[dtype] = bits
+    return bits
+
+
+_BITS = {}
 
 
 # -- the array intake -------------------------------------------------------------------------------------------
@@ -201,6 +210,23 @@ def _describe_descr(descr):
 
 
 def _dtype_from_typestr(typestr, descr=None):
+    """The dtype of a CUDA Array Interface ``typestr`` (``descr``: its field list); None where NumPy has none.
+    (Without named fields the answer depends on ``typestr`` alone: remembered.)"""
+    unnamed = descr is None or not any(f and f[0] for f in descr)
+    if unnamed and isinstance(typestr, str):
+        dt = _TYPESTR_DTYPES.get(typestr)
+        if dt is None:
+            dt = _dtype_of_typestr(typestr, descr)
+            if dt is not None:
+                _TYPESTR_DTYPES[typestr] = dt
+        return dt
+    return _dtype_of_typestr(typestr, descr)
+
+
+_TYPESTR_DTYPES = {}
+
+
+def _dtype_of_typestr(typestr, descr):
     try:
         dt = np.dtype(typestr)
     except TypeError:
@@ -279,17 +305,46 @@ def array_layout(array) -> ArrayLayout:
     """Read pointer, shape, byte strides and dtype from any CUDA array.
 
     Accepts objects with ``__cuda_array_interface__`` (numba device arrays, CuPy, PyTorch) and objects with
-    ``__dlpack__`` (PyTorch bfloat16, JAX, ...). Needs no driver for the CUDA Array Interface.
+    ``__dlpack__`` (PyTorch bfloat16, JAX, ...). Needs no driver for the CUDA Array Interface. A plain CUDA torch
+    tensor is read through its methods (``data_ptr()``, ``stride()``, ...: what its CUDA Array Interface would
+    say, without building it; see :func:`layout_facts`).
     """
     if isinstance(array, ArrayLayout):
         return array
     if isinstance(array, DeviceView):
         return array.layout  # (its own dtype: a bfloat16 view stays bfloat16)
+    return ArrayLayout(*layout_facts(array))
+
+
+def layout_facts(array):
+    """``(ptr, shape, byte strides, dtype)`` of ``array``: the fields of :func:`array_layout`'s answer as a plain
+    tuple (cheaper to make: what the function forms' plan cache reads per argument and call). The one intake of
+    arrays: every reader of CUDA arrays in numbatma goes through here.
+
+    Fast paths, the same answer as through the CUDA Array Interface (which torch builds in Python on every
+    access): a CUDA ``torch.Tensor`` (the class itself, not a subclass) that does not require grad, is dense and
+    not empty, of a dtype torch's interface names, is read with ``data_ptr()``, ``shape``, ``stride()`` and
+    ``dtype`` (the layout part remembered per shape, strides and dtype); a numba ``DeviceNDArray`` of numbers, not
+    empty, with its ``shape``, ``strides``, ``dtype`` and pointer. Anything else: the CUDA Array Interface, then
+    DLPack (same errors as ever). (Which reader an array's class gets is decided on its first sight.)"""
+    reader = _READERS.get(type(array))
+    if reader is None:
+        reader = _READERS[type(array)] = _reader_for(type(array))
+    return reader(array)
+
+
+def _general_facts(array):
+    """:func:`layout_facts` through the simulator's arrays, the CUDA Array Interface or DLPack."""
+    if isinstance(array, ArrayLayout):
+        return array.ptr, array.shape, array.strides, array.dtype
+    if isinstance(array, DeviceView):
+        lay = array.layout
+        return lay.ptr, lay.shape, lay.strides, lay.dtype
     if SIMULATING:
         host = simulator_memory(array)
         if host is not None:
-            return ArrayLayout(int(host.__array_interface__["data"][0]), tuple(host.shape),
-                               _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize), host.dtype)
+            return (int(host.__array_interface__["data"][0]), tuple(host.shape),
+                    _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize), host.dtype)
     try:
         cai = array.__cuda_array_interface__
     except AttributeError:
@@ -306,7 +361,7 @@ def array_layout(array) -> ArrayLayout:
             strides = _c_strides(shape, dtype.itemsize)
         ptr = int(cai["data"][0])
         strides = _unit_dims_strides(shape, tuple(int(s) for s in strides), dtype.itemsize)
-        return ArrayLayout(ptr, shape, strides, dtype)
+        return ptr, shape, strides, dtype
     if hasattr(array, "__dlpack__"):
         from cuda.core.utils import StridedMemoryView
 
@@ -334,11 +389,81 @@ def array_layout(array) -> ArrayLayout:
             strides = _c_strides(shape, dtype.itemsize)
         else:
             strides = tuple(int(s) * dtype.itemsize for s in view.strides)
-        return ArrayLayout(int(view.ptr), shape, _unit_dims_strides(shape, strides, dtype.itemsize), dtype)
+        return int(view.ptr), shape, _unit_dims_strides(shape, strides, dtype.itemsize), dtype
     raise TensorMapError(
         f"TensorMap: expected a CUDA array (numba device array, CuPy array, PyTorch tensor: anything with "
         f"__cuda_array_interface__ or __dlpack__), got {type(array).__name__}."
     )
+
+
+_READERS = {}  # array class -> its reader (decided on first sight: _reader_for)
+# torch dtype name -> the typestr torch's __cuda_array_interface__ gives it (torch/_tensor.py; bfloat16 as
+# ml_dtypes spells it). Dtypes not listed (complex, float8, ...) take the general path.
+_TORCH_TYPESTRS = {
+    "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<V2", "uint8": "|u1", "int8": "|i1",
+    "uint16": "<u2", "int16": "<i2", "uint32": "<u4", "int32": "<i4", "uint64": "<u8", "int64": "<i8",
+    "bool": "|b1",
+}
+
+
+def _reader_for(cls):
+    """The reader of arrays of class ``cls`` for :func:`layout_facts`: the fast one of a CUDA torch tensor (see
+    there) or :func:`_general_facts`. (torch is never imported here: a torch tensor means torch is loaded.)"""
+    import sys
+
+    if SIMULATING:
+        return _general_facts
+    if cls.__name__ == "DeviceNDArray" and cls.__module__ == "numba.cuda.cudadrv.devicearray":
+        return _numba_facts
+    torch = sys.modules.get("torch")
+    if (torch is None or cls is not getattr(torch, "Tensor", None)
+            or not all(hasattr(cls, m) for m in ("data_ptr", "stride"))):
+        return _general_facts
+    dtypes = {}
+    for name, typestr in _TORCH_TYPESTRS.items():
+        torch_dtype = getattr(torch, name, None)
+        dtype = _dtype_from_typestr(typestr) if torch_dtype is not None else None
+        if dtype is not None and (dtype.kind != "V" or dtype.name == "bfloat16"):  # (else: no ml_dtypes)
+            dtypes[torch_dtype] = dtype
+    strided = getattr(torch, "strided", None)
+    known = {}  # (shape, element strides, torch dtype) -> (shape, byte strides, dtype)
+
+    def read(t):
+        if t.requires_grad or not t.is_cuda or t.layout is not strided:
+            return _general_facts(t)  # (which raises what torch's interfaces raise)
+        key = (t.shape, t.stride(), t.dtype)
+        layout = known.get(key)
+        if layout is None:
+            dtype = dtypes.get(t.dtype)
+            shape = tuple(t.shape)
+            if dtype is None or 0 in shape:  # (empty: the interface's ptr 0 and strides; rare)
+                return _general_facts(t)
+            item = dtype.itemsize
+            strides = _unit_dims_strides(shape, tuple(s * item for s in t.stride()), item)
+            if len(known) >= 4096:
+                known.clear()
+            layout = known[key] = (shape, strides, dtype)
+        return (t.data_ptr(),) + layout
+
+    return read
+
+
+def _numba_facts(a):
+    """:func:`layout_facts` of a numba ``DeviceNDArray`` (of numbers or bfloat16, not empty) from its attributes:
+    what its CUDA Array Interface says."""
+    dtype, shape = a.dtype, a.shape
+    plain = _NUMBA_PLAIN.get(dtype)
+    if plain is None:  # (what the interface's typestr reads back as this very dtype)
+        plain = _NUMBA_PLAIN[dtype] = dtype.kind in "biuf" or dtype.name == "bfloat16"
+    if not plain or 0 in shape:
+        return _general_facts(a)
+    strides = a.strides
+    if 1 in shape:
+        strides = _unit_dims_strides(shape, strides, dtype.itemsize)
+    return a.device_ctypes_pointer.value or 0, shape, strides, dtype
+
+
+_NUMBA_PLAIN = {}
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
@@ -597,7 +722,9 @@ class TMADescriptor:
     # -- re-pointing -------------------------------------------------------------------------------
     def repoint(self, array):
         """Point this descriptor at another array of exactly the same shape, strides and dtype, without
-        re-encoding it (``cuTensorMapReplaceAddress``)."""
+        re-encoding it (``cuTensorMapReplaceAddress``, on the encoded descriptors only: the cuda.core one is given
+        the new address as a plain CUDA-array-interface view of the layout just read, not ``array`` itself, whose
+        DLPack export would cost more than the replacement)."""
         layout = array_layout(array)
         if (layout.shape, layout.strides, layout.dtype) != (self.shape, self.strides, self.dtype):
             raise TensorMapError(
@@ -607,7 +734,7 @@ class TMADescriptor:
             )
         check_address(self._WHO, layout, self.interleave)
         if self._descriptor is not None:
-            self._descriptor.replace_address(array)
+            self._descriptor.replace_address(_LayoutArray(layout))
         if self._raw is not None:
             from cuda.bindings import driver
 

@@ -66,7 +66,10 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator):
    ``cudaLaunchAttributeProgrammaticStreamSerialization``: the kernel may start before the previous kernel
    on its stream has finished; it waits with ``griddepcontrol.wait``). It composes with hook 8's cluster
    launches. Prepared launches (:func:`prepare_launch`) build their configuration with :func:`launch_config`
-   and read the same scope themselves.
+   and read the same scope themselves. (A prepared launch converts its arguments with
+   ``numba.cuda.dispatcher._Kernel._prepare_args`` once; :meth:`PreparedLaunch.update` patches a replaced array's
+   address into those values at the data pointer's place, the fifth of an array's values - checked against the
+   array's address when prepared, and by ``tests/test_numba_internals.py`` against numba-cuda's source.)
 
 Accessors (no patching): the numba-cuda private names numbatma's other modules use, so that they import them
 from here only (points listed by :func:`_accessor_points`): :func:`intrinsic`
@@ -320,13 +323,15 @@ def launch_config(grid, block, shared_mem, dependent=False):
                         programmatic_stream_serialization=bool(dependent))
 
 
-def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, scoped=True):
-    """A function ``run(stream=0)`` that launches ``dispatcher`` with ``args`` exactly as
+def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, scoped=True, sources=None):
+    """A :class:`PreparedLaunch`: ``run(stream=0)`` launches ``dispatcher`` with ``args`` exactly as
     ``dispatcher[grid, block, stream, shared_mem](*args)`` would, with the arguments converted once: numba's
     per-launch work (argument typing, overload lookup, marshalling of every argument) is skipped. None where
     that cannot be done faithfully (a debug or cooperative kernel, an argument numba copies back after the launch).
     With ``dependent``, every run is a programmatic dependent launch (:func:`launch_config`); without it, a run
-    made inside :func:`dependent_launch` (hook 11) is one - unless ``scoped`` is False."""
+    made inside :func:`dependent_launch` (hook 11) is one - unless ``scoped`` is False. ``sources``: the arguments
+    as the caller holds them (``args`` is them as a launch passes them, e.g. a ``DeviceView``'s numba array), what
+    :meth:`PreparedLaunch.update` compares with; default ``args``."""
     from cuda.core import launch
     from numba.cuda.cudadrv.driver import _to_core_stream
 
@@ -337,21 +342,130 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, s
     dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
     if dims is not None:
         check_grid(grid, dims)
-    kernelargs, writeback = [], []
-    for ty, value in zip(kernel.argument_types, args):
+    sources = tuple(args if sources is None else sources)
+    kernelargs, writeback, slots = [], [], []
+    for ty, value, source in zip(kernel.argument_types, args, sources):
+        start = len(kernelargs)
         kernel._prepare_args(ty, value, 0, writeback, kernelargs)
+        slots.append(_argument_slot(ty, source, kernelargs, start))
     if writeback:  # (a host array: numba copies it to the device and back around each launch)
         return None
     configs = (launch_config(grid, block, shared_mem, dependent), launch_config(grid, block, shared_mem, True))
-    function = kernel._codelibrary.get_cufunc().kernel
-    default_stream = _to_core_stream(0)
-
-    def run(stream=0):
-        config = configs[scoped and getattr(_dependent, "on", False)]  # (with ``dependent`` both are dependent)
-        launch(_to_core_stream(stream) if stream else default_stream, config, function, *kernelargs)
-
-    run.keep_alive = (args, kernelargs)  # the converted arguments point into these objects
+    run = PreparedLaunch()
+    run.dispatcher, run.kernel, run.function = dispatcher, kernel, kernel._codelibrary.get_cufunc().kernel
+    run.configs, run.scoped, run.slots = configs, scoped, tuple(slots)
+    run.sources, run.kernelargs, run.keep_alive = sources, tuple(kernelargs), (args, sources)
+    run._launch, run._to_core_stream = launch, _to_core_stream
+    run._default_stream = _to_core_stream(0)
+    run._stream_memo = (None, None)
     return run
+
+
+class PreparedLaunch:
+    """A prepared launch (:func:`prepare_launch`): ``run(stream=0)`` launches; :meth:`update` re-points it at other
+    arguments of the same types. Per run: the configuration (dependent or not), the stream as cuda.core takes it
+    (the last one converted is kept: the same stream object again costs nothing) and cuda.core's ``launch``."""
+
+    __slots__ = ("dispatcher", "kernel", "function", "configs", "scoped", "slots", "sources", "kernelargs",
+                 "keep_alive", "_launch", "_to_core_stream", "_default_stream", "_stream_memo")
+
+    def __call__(self, stream=0):
+        config = self.configs[self.scoped and getattr(_dependent, "on", False)]  # (``dependent``: both are)
+        if not stream:
+            core = self._default_stream
+        else:
+            seen, core = self._stream_memo
+            if seen is not stream:
+                core = self._to_core_stream(stream)
+                self._stream_memo = (stream, core)
+        self._launch(core, config, self.function, *self.kernelargs)
+
+    def update(self, sources):
+        """Re-point this launch at ``sources`` (the arguments, as given to :func:`prepare_launch`, some of them
+        replaced) without preparing it again: an array replaced by one of the same shape, byte strides and dtype
+        gets its address patched into the converted arguments, a descriptor replaced by one of the same type is
+        converted, a scalar of the same type is converted. Returns True, or False (nothing changed) where it cannot:
+        another type or layout, an argument kind it does not patch; then prepare again."""
+        sources = tuple(sources)
+        if len(sources) != len(self.sources):
+            return False
+        patches = []
+        for new, old, slot in zip(sources, self.sources, self.slots):
+            if new is old:
+                continue
+            kind, start, stop, ty, layout = slot
+            if kind == "scalar" and type(new) is type(old) and new == old:
+                continue
+            values = _patched_slot(self, slot, new)
+            if values is None:
+                return False
+            patches.append((start, stop, values))
+        if patches:
+            kernelargs = list(self.kernelargs)
+            for start, stop, values in patches:
+                kernelargs[start:stop] = values
+            self.kernelargs = tuple(kernelargs)
+        self.sources = self.keep_alive = sources  # (the converted arguments are addresses into these)
+        return True
+
+
+_ARRAY_PTR = 4  # numba's array argument: meminfo, parent, size, itemsize, data pointer, shape..., strides...
+
+
+def _argument_slot(ty, source, kernelargs, start):
+    """How argument ``source`` (typed ``ty``) sits in ``kernelargs[start:]``: (kind, start, stop, ty, layout)."""
+    from numba.cuda import types
+
+    stop = len(kernelargs)
+    cls = type(ty)
+    if cls is _TensorMapType or getattr(cls, "by_value_descriptor", False):
+        return ("descriptor", start, stop, ty, None)
+    if isinstance(ty, types.Array) and stop - start == _ARRAY_PTR + 1 + 2 * ty.ndim:
+        layout = _array_facts(source)
+        if layout is not None and kernelargs[start + _ARRAY_PTR] == layout[0]:
+            return ("array", start, stop, ty, layout[1:])
+    elif isinstance(ty, (types.Integer, types.Float, types.Boolean)):
+        return ("scalar", start, stop, ty, None)
+    return ("other", start, stop, ty, None)
+
+
+def _array_facts(array):
+    """(ptr, shape, byte strides, the dtype as a kernel sees it) of an array argument, or None."""
+    from ._descriptor_base import bits_dtype, layout_facts
+
+    try:
+        ptr, shape, strides, dtype = layout_facts(array)
+    except Exception:  # noqa: BLE001 - not an array numbatma reads: not patched
+        return None
+    return ptr, shape, strides, bits_dtype(dtype)
+
+
+def _patched_slot(run, slot, new):
+    """``kernelargs[start:stop]`` for the argument ``new`` in ``slot`` of ``run``, or None (cannot patch)."""
+    kind, start, stop, ty, layout = slot
+    if kind == "array":
+        facts = _array_facts(new)
+        if facts is None or facts[1:] != layout:
+            return None
+        values = list(run.kernelargs[start:stop])
+        values[_ARRAY_PTR] = facts[0]
+        return values
+    values = []
+    if kind == "descriptor":
+        if getattr(new, "numba_type", None) != ty:
+            return None
+        _prepare_numbatma_arg(ty, new, values)
+    elif kind == "scalar":
+        try:
+            same_type = run.dispatcher.typeof_pyval(new) == ty
+        except Exception:  # noqa: BLE001 - numba cannot type it: prepare again (which raises what numba raises)
+            same_type = False
+        if not same_type:
+            return None
+        run.kernel._prepare_args(ty, new, 0, [], values)
+    else:
+        return None
+    return values if len(values) == stop - start else None
 
 
 def _checked_launch(original):

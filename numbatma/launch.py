@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 
 from ._env import SIMULATING
+from .views import launch_argument
 
 __all__ = ["dependent_launch", "prepare_launch"]
 
@@ -27,10 +28,14 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     ``shared_mem`` bytes of dynamic shared memory and the arguments ``args`` (compiling it now if needed).
 
     The arguments are converted now: arrays are passed by their current address and shape, descriptors by
-    their current contents, scalars by value. Prepare again when any of them changes (a new array, a
-    re-pointed TensorMap, another scalar); writing new data into the same arrays needs nothing. The prepared
-    launch keeps ``args`` alive. Under the CUDA simulator, in debug builds, and for host (NumPy) array
-    arguments it simply launches through numba each time.
+    their current contents, scalars by value (a :class:`numbatma.DeviceView` as its numba device array). Prepare
+    again when any of them changes (a new array, a re-pointed TensorMap, another scalar) - or, on the GPU path,
+    call ``run.update(new_args)``: it patches the arrays replaced by others of the same layout (their address),
+    descriptors replaced by others of the same type and scalars of the same type into the converted arguments and
+    returns True, or returns False (nothing changed) where it cannot; a descriptor re-pointed in place
+    (:meth:`numbatma.TensorMap.repoint`) needs neither. Writing new data into the same arrays needs nothing. The
+    prepared launch keeps ``args`` alive. Under the CUDA simulator, in debug builds, and for host (NumPy) array
+    arguments it simply launches through numba each time (and has no ``update``).
 
     ``dependent=True``: every run is a programmatic dependent launch (the ``cuda.core.LaunchConfig`` gets
     ``programmatic_stream_serialization=True``): the kernel may start before the previous kernel on ``stream``
@@ -40,13 +45,14 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     dependent). When the launch goes through numba (the cases above) on a GPU, the attribute is set by the same
     hook as :func:`dependent_launch`'s. Under the simulator ``dependent`` is accepted and has no effect: the
     simulator runs launches one after another."""
+    sources = tuple(args)
+    args = tuple(launch_argument(a) for a in sources)
     if not SIMULATING:
         from ._numba_internals import prepare_launch as prepare
 
-        run = prepare(kernel, args, grid, block, shared_mem, dependent, scoped)
+        run = prepare(kernel, args, grid, block, shared_mem, dependent, scoped, sources)
         if run is not None:
             return run
-    args = tuple(args)
 
     if dependent and not SIMULATING:
         from ._numba_internals import dependent_launch as scope

@@ -15,7 +15,8 @@ to destroy), made once per handle. A handle of 0 is the legacy default stream.
 
 ``default_stream(arrays)`` is the stream a launch uses when the caller names none: torch's *current* stream when an
 argument is a torch tensor (so numbatma kernels order with the torch ops around them without the caller thinking
-about it), else 0.
+about it), else 0. It is :func:`torch_device` (which tensor, once per set of arrays) then :func:`torch_stream`
+(torch's current stream there, per launch: cheaply, through torch's raw handle look-up where it has one).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import sys
 
 from ._env import SIMULATING
 
-__all__ = ["as_stream", "default_stream", "stream_handle"]
+__all__ = ["as_stream", "default_stream", "stream_handle", "torch_device", "torch_stream"]
 
 
 def stream_handle(stream):
@@ -83,12 +84,49 @@ def _external(handle):
 
 
 def default_stream(arrays):
-    """torch's current stream (of the first torch tensor's device) when one of ``arrays`` is a torch tensor, else 0.
-    (torch is never imported here: a torch tensor means torch is loaded.)"""
+    """torch's current stream (of the first CUDA torch tensor's device) when one of ``arrays`` is a torch tensor, else
+    0. (torch is never imported here: a torch tensor means torch is loaded.)"""
+    device = torch_device(arrays)
+    return 0 if device is None else torch_stream(device)
+
+
+def torch_device(arrays):
+    """The ``device`` of the first CUDA torch tensor among ``arrays``, or None (none is; torch not loaded)."""
     torch = sys.modules.get("torch")
     if torch is None or SIMULATING:
-        return 0
+        return None
     for a in arrays:
         if isinstance(a, torch.Tensor) and a.is_cuda:
-            return as_stream(torch.cuda.current_stream(a.device).cuda_stream)
-    return 0
+            return a.device
+    return None
+
+
+def torch_stream(device):
+    """torch's current stream on ``device`` (a torch device), as numba-cuda takes it (:func:`as_stream`). Through
+    ``torch._C._cuda_getCurrentRawStream(index)`` (the handle itself: what torch's generated code calls) where torch
+    has it, else ``torch.cuda.current_stream(device).cuda_stream`` (builds a Stream object: a few µs)."""
+    torch = sys.modules["torch"]
+    module, raw = _raw_getter
+    if module is not torch:
+        raw = _raw_stream_getter(torch)
+    handle = None
+    if raw is not None:
+        index = getattr(device, "index", None)
+        if isinstance(index, int):
+            try:
+                handle = raw(index)
+            except Exception:  # noqa: BLE001 - a torch without it after all: the public spelling below
+                handle = None
+    if not isinstance(handle, int):
+        handle = torch.cuda.current_stream(device).cuda_stream
+    return 0 if handle == 0 else as_stream(handle)
+
+
+_raw_getter = (None, None)  # (the torch module, its raw current-stream function or None)
+
+
+def _raw_stream_getter(torch):
+    global _raw_getter
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    _raw_getter = (torch, raw if callable(raw) else None)
+    return _raw_getter[1]

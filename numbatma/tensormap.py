@@ -37,6 +37,7 @@ from ._descriptor_base import (  # noqa: F401  (the public names are exported fr
     bits_dtype,
     host_view,
     int_tuple,
+    layout_facts,
     numba_dtype,
     shape_str,
     validate_layout,
@@ -58,6 +59,7 @@ __all__ = [
     "kernel_view",
     "layout_view",
     "DeviceView",
+    "layout_facts",
 ]
 
 _MAX_BOX = 256

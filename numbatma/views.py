@@ -14,9 +14,9 @@ gives the array's own, ``layout.columns(a, b)`` a range of its columns) and hand
 """
 from __future__ import annotations
 
-from .tensormap import ArrayLayout, DeviceView, array_layout, kernel_view, layout_view
+from .tensormap import ArrayLayout, DeviceView, array_layout, kernel_view, layout_facts, layout_view
 
-__all__ = ["ArrayLayout", "DeviceView", "array_layout", "kernel_view", "layout_view", "launch_argument"]
+__all__ = ["ArrayLayout", "DeviceView", "array_layout", "kernel_view", "layout_facts", "layout_view", "launch_argument"]
 
 
 def launch_argument(arg):

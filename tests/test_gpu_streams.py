@@ -100,3 +100,36 @@ def test_graph_capture_of_gemm_and_attention():
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
     assert (o.float() - ref).abs().max() <= 2 * 2.0 ** -7 * v.float().abs().max()
     assert not np.isnan(c.float().cpu().numpy()).any()
+
+
+def test_function_forms_cached_plans_same_new_and_first_arrays_again():
+    """The plan cache's paths on the GPU with torch tensors: the same tensors (launched as prepared), new tensors of
+    the same layout (descriptors re-pointed, the prepared launch patched: views' addresses, a new lse), and the first
+    tensors again; every output NaN-poisoned first and checked."""
+    from numbatma.kernels import attention, clear_plan_cache, gemm, plan_cache_info, softmax
+
+    clear_plan_cache()
+    sets = [fresh((64, 1008)) for _ in range(2)]  # (rows of 1003 of 1008 floats: softmax's output tail is a view)
+    mats = [(torch.randn((128, 128), device="cuda").bfloat16(), torch.randn((128, 64), device="cuda").bfloat16(),
+             torch.empty((128, 64), device="cuda").bfloat16()) for _ in range(2)]
+    qkvo = [tuple(torch.randn((1, 2, 128, 64), device="cuda").bfloat16() for _ in range(4)) for _ in range(2)]
+    lses = []
+    for i in (0, 0, 1, 0):
+        x, y = (t[:, :1003] for t in sets[i])  # (new view objects each call: re-pointed by 0 bytes)
+        y.fill_(float("nan"))
+        assert softmax(x, y) is y
+        a, b, c = mats[i]
+        c.fill_(float("nan"))
+        gemm(a, b, c)
+        q, k, v, o = qkvo[i]
+        o.fill_(float("nan"))
+        lses.append(attention(q, k, v, o)[1])
+        torch.cuda.synchronize()
+        assert torch.allclose(y, torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+        assert (c.float() - a.float() @ b.float()).abs().max() <= 0.05 * (a.float().abs() @ b.float().abs()).max()
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        assert (o.float() - ref).abs().max() <= 2 * 2.0 ** -7 * v.float().abs().max()
+    assert len({id(lse) for lse in lses}) == 4  # (each call its own lse)
+    info = plan_cache_info()
+    assert (info["hits"], info["misses"], info["rebind_failed"]) == (9, 3, 0)
+    clear_plan_cache()

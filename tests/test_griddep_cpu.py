@@ -279,7 +279,7 @@ def test_plans_ignore_the_dependent_scope(monkeypatch):
 
     seen = []
 
-    def fake_prepare(dispatcher, args, grid, block, shared_mem, dependent=False, scoped=True):
+    def fake_prepare(dispatcher, args, grid, block, shared_mem, dependent=False, scoped=True, sources=None):
         seen.append((dependent, scoped))
         return lambda stream=0: None
 

@@ -211,6 +211,101 @@ def test_prepared_launch_follows_kernel_launch():
     assert "is_cooperative=self.cooperative" in original  # (prepared launches are never cooperative)
 
 
+def test_prepared_launch_patches_an_array_at_numbas_data_pointer():
+    """PreparedLaunch.update patches a replaced array's address at the fifth of its _prepare_args values: numba-cuda
+    appends meminfo, parent, size, itemsize, the data pointer, the shape and the strides, in that order."""
+    from numba.cuda import dispatcher
+
+    src = inspect.getsource(dispatcher._Kernel._prepare_args._numbatma_original)
+    order = ["kernelargs.append(meminfo)", "kernelargs.append(parent)", "kernelargs.append(devary.size)",
+             "kernelargs.append(itemsize := devary.dtype.itemsize)", "kernelargs.append(devary.ptr)",
+             "kernelargs.extend(shape := devary.shape)", "kernelargs.extend("]
+    at = [src.index(piece) for piece in order]
+    assert at == sorted(at) and internals._ARRAY_PTR == 4
+
+
+class _OfflineKernel:
+    """numba's compiled ``_Kernel`` as a prepared launch uses it, without a GPU: arrays marshalled as numba does
+    (meminfo, parent, size, itemsize, pointer, shape, strides), scalars as ctypes, descriptors by hook 2."""
+
+    debug = cooperative = False
+    launch_bounds = None
+    _codelibrary = type("Lib", (), {"get_cufunc": lambda self: type("F", (), {"kernel": "the-cufunc"})()})()
+
+    def __init__(self, argument_types):
+        self.argument_types = argument_types
+
+    def _prepare_args(self, ty, value, stream, retr, kernelargs):
+        if internals._prepare_numbatma_arg(ty, value, kernelargs):
+            return
+        if isinstance(ty, types.Array):
+            ptr, shape, strides, dtype = numbatma.layout_facts(value)
+            kernelargs += [0, 0, int(np.prod(shape)), dtype.itemsize, ptr, *shape, *strides]
+        else:
+            kernelargs.append(("c", str(ty), value))
+
+
+class _OfflineDispatcher:
+    def typeof_pyval(self, value):
+        from numba import typeof
+
+        return typeof(value)
+
+
+def _offline_prepared(monkeypatch, argument_types, args):
+    import cuda.core
+    from numba.cuda.cudadrv import driver
+
+    launches = []
+    monkeypatch.setattr(cuda.core, "launch", lambda stream, config, f, *a: launches.append((stream, a)))
+    monkeypatch.setattr(driver, "_to_core_stream", lambda s: ("core", s))
+    kernel = _OfflineKernel(argument_types)
+    monkeypatch.setattr(internals, "compiled_kernel", lambda dispatcher, a: kernel)
+    monkeypatch.setattr(internals, "_ensure_dynamic_smem", lambda k, nbytes: None)
+    return internals.prepare_launch(_OfflineDispatcher(), args, 4, 128, 0), launches
+
+
+def test_prepared_launch_update_patches_arrays_and_scalars(monkeypatch):
+    x = FakeCudaArray((64, 32), np.float32, ptr=1 << 20)
+    view = numbatma.DeviceView(numbatma.array_layout(FakeCudaArray((64, 8), np.float32, ptr=1 << 24)), x)
+    run, launches = _offline_prepared(
+        monkeypatch, (types.float32[:, ::1], types.float32[:, :], types.float64, types.int64), (x, view, 2.0, 7))
+    run()
+    assert launches[-1][1][4] == 1 << 20 and launches[-1][1][13] == 1 << 24
+    assert [slot[0] for slot in run.slots] == ["array", "array", "scalar", "scalar"]
+    x2 = FakeCudaArray((64, 32), np.float32, ptr=5 << 20)
+    view2 = numbatma.DeviceView(numbatma.array_layout(FakeCudaArray((64, 8), np.float32, ptr=9 << 24)), x2)
+    before = run.kernelargs
+    assert run.update((x2, view2, 3.0, 7))  # (new addresses and a new scalar; the int equal: kept)
+    run(5)
+    stream, values = launches[-1]
+    assert stream == ("core", 5) and values[4] == 5 << 20 and values[13] == 9 << 24
+    assert values[:4] == before[:4] and values[5:13] == before[5:13] and values[-2:] == (("c", "float64", 3.0),
+                                                                                           before[-1])
+    assert run.sources == (x2, view2, 3.0, 7) and run.keep_alive == run.sources
+    # what it does not patch: another layout, another scalar type, another argument count; nothing changes then
+    kept = run.kernelargs
+    assert not run.update((FakeCudaArray((64, 16), np.float32, ptr=5 << 20), view2, 3.0, 7))
+    assert not run.update((x2, view2, 3, 7)) and not run.update((x2, view2, 3.0))
+    assert run.kernelargs is kept and run.sources == (x2, view2, 3.0, 7)
+    run(5)
+    run(5)
+    assert launches[-1] == launches[-2] == (("core", 5), kept)
+
+
+def test_prepared_launch_update_converts_a_replaced_descriptor(monkeypatch):
+    from numbatma import TensorMap
+
+    a = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 20), (16, 16))
+    b = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 22), (16, 16))
+    other = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 22), (16, 32))
+    a._descriptor, b._descriptor, other._descriptor = "desc-a", "desc-b", "desc-other"  # (encoded: needs a GPU)
+    run, launches = _offline_prepared(monkeypatch, (a.numba_type,), (a,))
+    assert run.kernelargs == ("desc-a",) and run.slots[0][0] == "descriptor"
+    assert run.update((b,)) and run.kernelargs == ("desc-b",)
+    assert not run.update((other,)) and run.kernelargs == ("desc-b",)  # (another box: another type)
+
+
 def test_typing_error_hook_points():
     """Hook 9 (numbatma/errors.py): numba-cuda's type inference calls each constraint as
     ``constraint(typeinfer)``; every constraint class with its own ``__call__`` is wrapped (the call constraints

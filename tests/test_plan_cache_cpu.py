@@ -4,19 +4,25 @@ behind ``Plan.rebind``).
 Plans are built offline from FakeCudaArrays; launching needs a GPU, so every plan class's ``launch`` is replaced
 by a recorder here. A rebound plan must equal a plan built fresh on the new arrays (every TensorMap, view and
 array reference of its arguments), and each of its TensorMaps must have moved by exactly its array's delta."""
+import re
+import sys
+import types
+
 import numpy as np
 import pytest
 
+import fakes
 import numbatma
 from numbatma import DeviceView, TensorMap, array_layout
 from numbatma.kernels import (Attention, Axpy, Gemm, Laplacian5, Plan, RowSum, Softmax, StreamCopy, TmaCopy, Transpose,
-                              _launch, _plan, _plan_cache, axpy, clear_plan_cache, gemm, plan_cache_info, plan_cache_size, softmax,
-                              stream_copy)
+                              _launch, _plan, _plan_cache, attention, axpy, clear_plan_cache, gemm, plan_cache_info,
+                              plan_cache_size, softmax, stream_copy)
 
 from fakes import FakeCudaArray
 
 G = 1 << 34
 PLAN_CLASSES = (Attention, Axpy, Gemm, Laplacian5, RowSum, Softmax, StreamCopy, TmaCopy, Transpose)
+OWN_LAUNCH = {cls: vars(cls).get("launch") for cls in PLAN_CLASSES}  # (RowSum, Softmax: their own)
 
 
 def fa(shape, dtype=np.float32, ptr=1 << 20, strides=None):
@@ -140,13 +146,33 @@ def test_plans_that_opt_out_are_built_every_call(offline, monkeypatch):
     assert plan_cache_info()["uncached"] == 2 and plan_cache_info()["size"] == 0
 
 
-def test_attention_with_its_own_lse_is_not_cached():
-    q = fa((1, 2, 128, 64), np.float16)
-    plan = Attention(q, fa((1, 2, 128, 64), np.float16, ptr=1 << 30), fa((1, 2, 128, 64), np.float16, ptr=1 << 32),
-                     fa((1, 2, 128, 64), np.float16, ptr=G), fa((1, 2, 128), np.float32, ptr=1 << 36))
-    assert plan.cacheable
-    plan._owns_lse = True  # (what a plan that allocated lse says; allocating needs the driver)
-    assert not plan.cacheable
+def test_attention_without_lse_is_cached_and_each_call_gets_its_own_lse(offline, monkeypatch):
+    """attention(q, k, v, o) allocates lse (Plan.owned_output): the plan is cached all the same, and a hit makes a
+    new lse (Plan.fresh_outputs), also when the arrays move."""
+    from numba import cuda
+
+    made = []
+
+    def device_array(shape, dtype):
+        made.append(fa(shape, dtype, ptr=(1 << 38) + len(made) * (1 << 24)))
+        return made[-1]
+
+    monkeypatch.setattr(cuda, "device_array", device_array)
+    h = np.float16
+    qkvo = [tuple(fa((1, 2, 128, 64), h, ptr=(i + 1) * (1 << 30) + s) for i in range(4)) for s in (0, D1)]
+    outs = [attention(*qkvo[0]), attention(*qkvo[0]), attention(*qkvo[1])]
+    plan = offline[0]
+    assert offline == [plan] * 3 and plan.cacheable
+    assert plan_cache_info()["hits"] == 2 and plan_cache_info()["size"] == 1
+    assert [lse for _, lse in outs] == made and len({id(a) for a in made}) == 3
+    assert outs[2][0] is qkvo[1][3] and plan.lse is made[2] and plan.output == (qkvo[1][3], made[2])
+    assert plan.args[4] is made[2] and plan.q_map._layout.ptr == (1 << 30) + D1
+    # a plan built directly: fresh_outputs() is the same hook
+    direct = Attention(*qkvo[0])
+    first = direct.lse
+    assert direct.fresh_outputs() is direct and direct.lse is made[-1] and direct.lse is not first
+    given = Attention(*qkvo[0], fa((1, 2, 128), np.float32, ptr=1 << 36))
+    assert given._owned == () and given.fresh_outputs().lse is given._user_arrays[4]
 
 
 # -- rebind: the same as a plan built on the new arrays -----------------------------------------------------------
@@ -225,7 +251,7 @@ def test_rebind_equals_a_fresh_plan(name):
     cls, old_args, options = _make(name)
     _, new_args, _ = _make(name, shift)
     plan = cls(*old_args, **options)
-    plan._prepared_launch = ("stale", None)
+    plan.__dict__["_stale"] = False  # (as after a launch)
     maps = _tensormaps(plan)
     assert maps
     before = {k: tm._layout.ptr for k, tm in maps.items()}
@@ -249,7 +275,7 @@ def test_rebind_equals_a_fresh_plan(name):
     fresh_out = fresh.output if isinstance(fresh.output, tuple) else (fresh.output,)
     assert all(a is b for a, b in zip(out, fresh_out))  # the output is the new array
     assert plan._user_arrays == new_args
-    assert plan._prepared_launch is None
+    assert plan._stale  # (the next launch compares its arguments and patches the moved ones in)
     assert not any(o in vars(plan).values() for o in old_args if isinstance(o, FakeCudaArray))
 
 
@@ -278,10 +304,10 @@ def test_a_failed_rebind_builds_a_new_plan(offline, monkeypatch):
     x, y = fa((256, 256)), fa((256, 256), ptr=G)
     stream_copy(x, y)
 
-    def refuse(self, *arrays):
+    def refuse(self, *arrays, **kw):
         raise _plan.NotRebindable("test")
 
-    monkeypatch.setattr(Plan, "rebind", refuse)
+    monkeypatch.setattr(Plan, "_repoint", refuse)  # (what rebind and the cache's re-pointing do)
     y2 = fa((256, 256), ptr=G + D1)
     assert stream_copy(fa((256, 256), ptr=1 << 30), y2) is y2
     assert offline[1] is not offline[0] and offline[1].dst is y2 and plan_cache_info()["size"] == 1
@@ -294,3 +320,254 @@ def test_gemm_function_form_is_cached(offline):
     assert gemm(fa((256, 128), h, ptr=(1 << 20) + D2), fa((128, 128), h, ptr=(1 << 30) + D3), c2) is c2
     assert offline[0] is offline[1] and offline[1].c is c2
     assert numbatma.kernels.plan_cache_info()["hits"] == 1
+
+
+# -- the fast paths: array intake, the same arrays again, re-pointing by map, the prepared launch ------------------
+@pytest.fixture
+def torch_like(monkeypatch):
+    """A stand-in torch module (tests/fakes.py) loaded, the intake's per-class readers forgotten."""
+    from numbatma import _descriptor_base
+
+    module = fakes.fake_torch()
+    monkeypatch.setitem(sys.modules, "torch", module)
+    monkeypatch.setattr(_descriptor_base, "_READERS", {})
+    return module
+
+
+def tt(shape, dtype="float32", ptr=1 << 20, strides=None, **kw):
+    return fakes.FakeTorchTensor(shape, dtype, ptr=ptr, strides=strides, **kw)
+
+
+@pytest.mark.parametrize("shape, dtype, strides", [
+    ((64, 64), "float32", None), ((64, 64), "float32", (128, 1)), ((64, 64), "float32", (1, 64)),
+    ((1, 1, 128, 64), "bfloat16", None), ((1, 4, 1, 64), "float16", (9999, 64, 7, 1)), ((3, 16), "bool", None),
+    ((8,), "int64", None), ((2, 3, 4), "float64", (48, 4, 1))])
+def test_torch_tensors_are_read_through_their_methods_as_their_interface_says(torch_like, monkeypatch, shape, dtype,
+                                                                             strides):
+    from numbatma import _descriptor_base
+
+    t = tt(shape, dtype, ptr=(1 << 30) + 512, strides=strides)
+    expected = _descriptor_base._general_facts(t)  # (through torch's __cuda_array_interface__)
+    monkeypatch.setattr(fakes.FakeTorchTensor, "__cuda_array_interface__", property(lambda self: 1 / 0))
+    assert numbatma.layout_facts(t) == expected and numbatma.layout_facts(t) == expected  # (the second: remembered)
+    assert array_layout(t) == numbatma.ArrayLayout(*expected)
+
+
+@pytest.mark.parametrize("case", ["requires_grad", "cpu", "empty", "complex", "subclass"])
+def test_torch_tensors_off_the_fast_path_read_as_before(torch_like, case):
+    from numbatma import _descriptor_base
+
+    class Sub(fakes.FakeTorchTensor):
+        pass
+
+    t = {"requires_grad": lambda: tt((4, 4), requires_grad=True), "cpu": lambda: tt((4, 4), device=None),
+         "empty": lambda: tt((0, 4)), "complex": lambda: tt((4, 4), "complex64"),
+         "subclass": lambda: Sub((4, 4), "float32")}[case]()
+    try:
+        expected = _descriptor_base._general_facts(t)
+    except Exception as exc:  # noqa: BLE001
+        with pytest.raises(type(exc), match=re.escape(str(exc)[:40])):
+            numbatma.layout_facts(t)
+    else:
+        assert numbatma.layout_facts(t) == expected
+
+
+def test_numba_device_arrays_are_read_through_their_attributes():
+    import ctypes
+
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    from numbatma import _descriptor_base
+
+    memory = types.SimpleNamespace(device_ctypes_pointer=ctypes.c_void_p(1 << 30))  # (no driver needed)
+    for shape, strides in [((64, 32), (128, 4)), ((1, 64, 3), (5, 12, 4)), ((64, 3), (4, 256))]:
+        a = DeviceNDArray(shape, strides, np.float32, gpu_data=memory)
+        assert numbatma.layout_facts(a) == _descriptor_base._general_facts(a) == (1 << 30, shape, _descriptor_base.
+                                                                                  _unit_dims_strides(shape, strides, 4),
+                                                                                  np.dtype(np.float32))
+    assert _descriptor_base._reader_for(DeviceNDArray) is _descriptor_base._numba_facts
+
+
+class _Prepared:
+    """What prepare_launch returns, recorded: launches, and ``update`` (the patching a GPU prepared launch does)."""
+
+    def __init__(self, log, args):
+        self.log, self.args = log, tuple(args)
+
+    def __call__(self, stream=0):
+        self.log["launches"].append((self, self.args, stream))
+
+    def update(self, args):
+        self.log["updates"].append(tuple(args))
+        self.args = tuple(args)
+        return True
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The plans' real launch with prepare_launch recorded (and the map walks counted)."""
+    log = {"prepared": [], "updates": [], "launches": [], "maps": 0}
+
+    def prepare(kernel, args, grid, block, shared_mem=0, **kw):
+        log["prepared"].append(_Prepared(log, args))
+        return log["prepared"][-1]
+
+    walk = _plan.rebind_map
+
+    def counted(*a, **kw):
+        log["maps"] += 1
+        return walk(*a, **kw)
+
+    monkeypatch.setattr(_plan, "prepare_launch", prepare)
+    monkeypatch.setattr(_plan, "rebind_map", counted)
+    for cls in PLAN_CLASSES:  # (the offline fixture's recorder out: the plans' own launch)
+        if OWN_LAUNCH[cls] is None:
+            monkeypatch.delattr(cls, "launch")
+        else:
+            monkeypatch.setattr(cls, "launch", OWN_LAUNCH[cls])
+    return log
+
+
+def _plans():
+    return list(_plan_cache._cache.values())
+
+
+def test_same_arrays_then_new_arrays_then_the_first_again(torch_like, launches):
+    x1, y1 = tt((256, 256), ptr=1 << 30), tt((256, 256), ptr=1 << 31)
+    x2, y2 = tt((256, 256), ptr=(1 << 32) + D1), tt((256, 256), ptr=(1 << 33) + D2)
+    assert stream_copy(x1, y1) is y1
+    (plan,) = _plans()
+    prepared = plan._prepared_launch
+    assert stream_copy(x1, y1) is y1  # the same objects: nothing re-pointed, nothing compared
+    assert plan._prepared_launch is prepared and launches["updates"] == [] and launches["maps"] == 0
+    assert stream_copy(x2, y2) is y2
+    assert launches["maps"] == 1 and len(launches["updates"]) == 1 and len(launches["prepared"]) == 1
+    assert (plan.src_map._layout.ptr, plan.dst_map._layout.ptr, plan.dst) == ((1 << 32) + D1, (1 << 33) + D2, y2)
+    assert stream_copy(x1, y1) is y1
+    assert launches["maps"] == 1 and len(launches["updates"]) == 2  # (the map replayed, not walked again)
+    fresh = StreamCopy(x1, y1)
+    assert all(_same_arg(a, b) for a, b in zip(plan.args, fresh.args))
+    assert [args for _, args, _ in launches["launches"]] == [prepared[3]] * 2 + list(launches["updates"])
+    assert _plans() == [plan] and (plan_cache_info()["hits"], plan_cache_info()["misses"]) == (3, 1)
+
+
+def test_same_pointer_other_layout_never_reuses_a_plan(torch_like, launches):
+    x, y = tt((64, 64), ptr=1 << 30), tt((64, 64), ptr=1 << 31)
+    stream_copy(x, y)
+    (first,) = _plans()
+    x_wide, y_wide = tt((32, 128), ptr=1 << 30), tt((32, 128), ptr=1 << 31)  # (the same memory, another shape)
+    stream_copy(x_wide, y_wide)
+    assert len(_plans()) == 2 and plan_cache_info()["misses"] == 2
+    wide = next(p for p in _plans() if p is not first)
+    assert wide.src_map.shape == (32, 128)
+    # the same objects, changed in place (torch's set_ / resize_): another layout -> the other plan, re-pointed
+    x.set_(shape=(32, 128)), y.set_(shape=(32, 128))
+    assert stream_copy(x, y) is y and wide.dst is y and wide.src_map.array is x
+    # the same objects moved in place, same layout and alignment: the plan is re-pointed (not taken as it is)
+    x.set_(ptr=(1 << 30) + D1)
+    stream_copy(x, y)
+    assert wide.src_map._layout.ptr == (1 << 30) + D1 and plan_cache_info()["hits"] == 2
+    # moved to another alignment class: another plan
+    x.set_(ptr=(1 << 30) + 16)
+    stream_copy(x, y)
+    assert len(_plans()) == 3
+
+
+def test_a_launch_looks_at_args_only_after_an_assignment(launches):
+    seen = []
+
+    class Scaled(Plan):
+        kernel = object()
+        grid, block = 1, 32
+
+        def __init__(self, x):
+            self.x, self.a = x, 2.0
+
+        @property
+        def args(self):
+            seen.append(self.a)
+            return (self.x, self.a)
+
+        output = property(lambda self: self.x)
+
+    plan = Scaled(fa((16, 16)))
+    for _ in range(3):
+        plan.launch()
+    assert seen == [2.0] and len(launches["prepared"]) == 1 and launches["updates"] == []
+    plan.a = 3.0
+    plan.launch(), plan.launch()
+    assert seen == [2.0, 3.0] and launches["updates"] == [(plan.x, 3.0)] and len(launches["prepared"]) == 1
+    plan.kernel = object()  # (another kernel: prepared again)
+    plan.launch()
+    assert len(launches["prepared"]) == 2 and len(launches["launches"]) == 6
+
+
+def test_a_plan_changed_behind_its_map_is_refused_and_rebuilt(launches):
+    x1, y1 = fa((256, 256)), fa((256, 256), ptr=G)
+    stream_copy(x1, y1)
+    stream_copy(fa((256, 256), ptr=(1 << 20) + D1), fa((256, 256), ptr=G + D2))  # (maps the plan)
+    (plan,) = _plans()
+    assert plan._rebind_map is not None
+    plan.out.tail = numbatma.DeviceView(array_layout(fa((1, 1), ptr=1 << 40)), x1)  # (a helper changed in place)
+    assert stream_copy(x1, y1) is y1
+    assert plan_cache_info()["rebind_failed"] == 1 and _plans()[0] is not plan and _plans()[0].dst is y1
+    plan.some_setting = 1  # (assigning a plan attribute forgets the map: walked again next time)
+    assert plan._rebind_map is None and plan._stale
+
+
+def test_overlapping_arguments_are_re_pointed_together(launches):
+    x = fa((256, 256))
+    softmax(x, x)
+    y = fa((256, 256), ptr=(1 << 20) + D3)
+    softmax(y, y)
+    (plan,) = _plans()
+    assert plan_cache_info()["hits"] == 1
+    assert all(_same_arg(a, b) for a, b in zip(plan.args, Softmax(y, y).args))
+    with pytest.raises(_plan.NotRebindable, match="moved by different amounts"):
+        plan.rebind(fa((256, 256), ptr=1 << 30), fa((256, 256), ptr=1 << 32))
+
+
+def test_owned_outputs_are_made_again_and_what_views_them_follows():
+    made = []
+
+    class Own(Plan):
+        kernel = None
+
+        def __init__(self, x):
+            self.x = x
+            self.buf = self.owned_output(lambda: made.append(fa((64, 64), ptr=(1 << 36) + len(made) * D1)) or made[-1])
+            self.buf_map = TensorMap(self.buf, (16, 16))
+            self.view = numbatma.kernel_view(array_layout(self.buf).columns(0, 8), self.buf)
+
+        output = property(lambda self: self.buf)
+
+    plan = Own(fa((64, 64)))
+    assert plan.fresh_outputs() is plan and plan.buf is made[1] and plan.output is made[1]
+    assert plan.buf_map.array is made[1] and plan.view.layout.ptr == (1 << 36) + D1
+    _plan.run(Own, plan.x)
+    _plan.run(Own, plan.x)
+    assert len(made) == 4 and plan_cache_info()["hits"] == 1
+
+
+def test_the_device_in_the_key_comes_from_the_current_context(monkeypatch):
+    from cuda import bindings
+
+    calls = []
+
+    class Driver:
+        class CUresult:
+            CUDA_SUCCESS = "ok"
+
+        @staticmethod
+        def cuCtxGetDevice():
+            calls.append(1)
+            return ("ok" if len(calls) < 4 else "no context", 3)
+
+    monkeypatch.setattr(bindings, "driver", Driver, raising=False)
+    monkeypatch.setattr(_plan_cache, "_device_probe", None)
+    monkeypatch.setattr(_plan_cache, "_numba_device_id", lambda: 5)
+    assert [_plan_cache._device_id() for _ in range(3)] == [3, 3, 5]  # (the probe's own first call loads it)
+    assert _plan_cache.cache_key(StreamCopy, (fa((64, 64)), fa((64, 64), ptr=G)), {})[-1] == 5
+    monkeypatch.setattr(_plan_cache, "_device_probe", None)
+    monkeypatch.setattr(bindings, "driver", None)  # (no driver: None, without asking numba every call)
+    assert _plan_cache._device_id() is None and _plan_cache._device_probe is _plan_cache._no_device

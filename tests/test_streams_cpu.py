@@ -118,3 +118,47 @@ def test_plans_prepare_again_when_a_scalar_argument_changes(monkeypatch):
     plan.a = -0.5
     plan.launch()
     assert [args for args in made] == [(2.0, 7), (-0.5, 7)]
+
+
+def test_torchs_current_stream_through_its_raw_handle_lookup(monkeypatch):
+    """torch_stream: torch._C._cuda_getCurrentRawStream(index) where torch has it (no Stream object built), else
+    torch.cuda.current_stream(device).cuda_stream; a handle of 0 is the legacy default stream."""
+    import fakes
+
+    monkeypatch.setattr(streams, "_external", lambda h: ("external", h))
+    torch = fakes.fake_torch(current_stream=lambda index: 0x100 + index)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    t = fakes.FakeTorchTensor((4, 4), device=1)
+    assert streams.torch_device([object(), fakes.FakeTorchTensor((4, 4), device=None), t]) is t.device
+    assert streams.default_stream([object(), t]) == ("external", 0x101)
+    assert streams.default_stream([t]) == ("external", 0x101)
+    assert torch.calls == {"current_stream": 0, "raw": 2}
+    older = fakes.fake_torch(current_stream=0x200, raw_stream=False)
+    monkeypatch.setitem(sys.modules, "torch", older)
+    assert streams.default_stream([t]) == ("external", 0x200) and older.calls["current_stream"] == 1
+    monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(current_stream=0))
+    assert streams.default_stream([t]) == 0
+
+
+def test_plans_find_their_torch_tensor_once_and_its_stream_per_launch(monkeypatch):
+    import fakes
+    from numbatma.kernels import Plan, _plan
+
+    torch = fakes.fake_torch(current_stream=0x300)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(streams, "_external", lambda h: ("external", h))
+    found = []
+    monkeypatch.setattr(_plan, "torch_device", lambda arrays: found.append(arrays) or streams.torch_device(arrays))
+
+    class Tiny(Plan):
+        def __init__(self, a, b):
+            pass
+
+    t = fakes.FakeTorchTensor((4, 4))
+    plan = Tiny(t, t)
+    assert [plan.stream_for(None) for _ in range(3)] == [("external", 0x300)] * 3
+    assert len(found) == 1 and torch.calls["raw"] == 3
+    assert plan.stream_for(7) == ("external", 7) and torch.calls["raw"] == 3
+    plan.rebind(fakes.FakeTorchTensor((4, 4), ptr=1 << 30), fakes.FakeTorchTensor((4, 4), ptr=1 << 31))
+    plan.stream_for(None)
+    assert len(found) == 2  # (new arrays: which tensor, decided again)

@@ -85,3 +85,34 @@ def test_softmax_with_a_tail_three_times_then_a_new_layout():
     softmax(x, out)
     np.testing.assert_allclose(out, _softmax_ref(x), rtol=1e-5, atol=1e-7)
     assert hits_and_misses() == (2, 2)
+
+
+def test_the_same_arrays_new_arrays_then_the_first_arrays_again():
+    """The fast path (the same objects: launched as they are), a re-point (new arrays), and back: every call right,
+    with the output poisoned before each."""
+    first = aligned((8, 203), cols=208), aligned((8, 203), fill=np.nan, cols=208)
+    second = aligned((8, 203), cols=208), aligned((8, 203), fill=np.nan, cols=208)
+    for x, out in (first, first, second, first, second):
+        out[...] = np.nan
+        assert softmax(x, out) is out
+        np.testing.assert_allclose(out, _softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert hits_and_misses() == (4, 1)
+
+
+def test_attention_without_lse_is_cached_and_returns_a_new_lse_each_call():
+    from attention_reference import attention_reference
+
+    from numbatma.kernels import attention
+
+    rng = np.random.default_rng()
+    results = []  # (no lse given: the plan allocates one per call, Plan.owned_output)
+    for i in range(2):  # (new arrays each call, the same alignment: a cache hit)
+        q, k, v = (aligned((1, 1, 64, 64), np.float16, fill=rng.standard_normal((1, 1, 64, 64))) for _ in range(3))
+        o = aligned(q.shape, np.float16, fill=np.nan)
+        got_o, got_lse = attention(q, k, v, o, bn=64, stages=2)
+        assert got_o is o
+        ref, ref_lse = attention_reference(q, k, v, False, 1 / 8)
+        np.testing.assert_allclose(o.astype(np.float64), ref, atol=2e-3 + 2.0 ** -10 * np.abs(ref).max())
+        np.testing.assert_allclose(got_lse.copy_to_host(), ref_lse, rtol=1e-4, atol=1e-4)
+        results.append(got_lse)
+    assert results[0] is not results[1] and hits_and_misses() == (1, 1)
