@@ -6,8 +6,10 @@ Run on the GPU machine:
     python benchmarks/attention.py [--quick] [--only check,seq,variants] [--reps 20] [--dims 64,128,256]
 
 Shapes: batch x heads chosen so that B·H·S = 64k tokens (16 heads; batch = 65536 / (16 S), at least 1), sequence
-512..16384, head dims 64/128/256, causal and not, layout (B, H, S, D). Timing as benchmarks/gemm.py (its Timer):
-warm-up, then ``--reps`` launches each after a 256 MiB L2-evicting memset, between CUDA events, median. Every
+512..16384, head dims 64/128/256, causal and not, layout (B, H, S, D). Timing with benchmarks/gemm.py's Timer
+(``median_ms_interleaved``): warm-up, then ``--reps`` rounds in which every implementation of the case runs once,
+each after a 256 MiB L2-evicting memset, between CUDA events; the median per implementation. (Interleaved: on long
+cases the GPU's clocks drift down as it heats, which would penalise whichever implementation ran last.) Every
 implementation's output is compared with torch's float32 SDPA before it is timed (FAIL printed, the run goes on).
 Writes attention.json / attention.md / attention.png (TFLOP/s vs sequence length) to $OUT (or next to this file).
 
@@ -89,6 +91,7 @@ def run_case(torch, timer, case, impls, results, tag):
     row = {"case": case.label(), "batch": case.batch, "heads": case.heads, "seq": case.seq, "d": case.d,
            "causal": case.causal, "tag": tag}
     log(f"== {tag}: {case.label()}")
+    timed = []  # (name, fn): checked first, then timed together, runs interleaved (Timer.median_ms_interleaved)
     for name, make in impls:
         try:
             out = torch.full_like(case.q, float("nan"))
@@ -96,15 +99,16 @@ def run_case(torch, timer, case, impls, results, tag):
             fn()
             torch.cuda.synchronize()
             err = rel_error(torch, output(), case.ref(torch))
-            ok = err < 2e-2
-            ms, spread = timer.median_ms(fn)
-            tflops = case.flops / (ms * 1e-3) / 1e12
-            row[name] = {"ms": ms, "tflops": tflops, "rel_err": err, "ok": ok, "spread": spread}
-            log(f"  {name:26s} {tflops:7.1f} TFLOP/s  {ms:8.3f} ms  err {err:.1e}  spread {spread:.2f}"
-                + ("" if ok else "  FAIL"))
+            row[name] = {"rel_err": err, "ok": err < 2e-2}
+            timed.append((name, fn))
         except Exception as exc:  # noqa: BLE001 - report and go on
             row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             log(f"  {name:26s} SKIP {type(exc).__name__}: {str(exc)[:200]}")
+    for (name, _), (ms, spread) in zip(timed, timer.median_ms_interleaved([fn for _, fn in timed])):
+        r = row[name]
+        r.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, spread=spread)
+        log(f"  {name:26s} {r['tflops']:7.1f} TFLOP/s  {ms:8.3f} ms  err {r['rel_err']:.1e}  spread {spread:.2f}"
+            + ("" if r["ok"] else "  FAIL"))
     for peer in ("cudnn", "flash"):
         if "tflops" in row.get(peer, {}):
             for name, _ in impls:
@@ -150,7 +154,7 @@ def main():
                     batch = max(1, TOKENS // (HEADS * s))
                     run_case(torch, timer, Case(torch, batch, HEADS, s, d, causal), peers + [ours], results, "seq")
 
-    if "variants" in sections:  # what each technique buys, D = 128, S = 8192 (and 16384 non-causal)
+    if "variants" in sections:  # what each technique buys: D = 128 and 64, S = 8192 (and 16384 non-causal)
         variants = [("numbatma", numbatma_impl()),
                     ("numbatma serial", numbatma_impl(schedule="serial")),
                     ("numbatma overlap", numbatma_impl(schedule="overlap")),
@@ -160,9 +164,11 @@ def main():
                     ("numbatma bn=64", numbatma_impl(bn=64)),
                     ("numbatma cyclic order", numbatma_impl(order="cyclic")),
                     ("numbatma sweep=queries", numbatma_impl(sweep="queries")),
+                    ("numbatma sweep=heads", numbatma_impl(sweep="heads")),
                     ("numbatma not persistent", None)]
-        for seq, causal in ((8192, False), (8192, True), (16384, False)):
-            case = Case(torch, 1, 16, seq, 128, causal)
+        for seq, causal, d in ((8192, False, 128), (8192, True, 128), (16384, False, 128), (8192, False, 64),
+                               (8192, True, 64)):
+            case = Case(torch, 1, 16, seq, d, causal)
             items = 16 * math.ceil(seq / 128)
             variants[-1] = ("numbatma not persistent", numbatma_impl(grid=items))
             run_case(torch, timer, case, peers[:1] + variants, results, "variants")

@@ -109,6 +109,33 @@ class Timer:
         times = [start.elapsed_time(stop) for start, stop in events]
         return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
 
+    def median_ms_interleaved(self, fns):
+        """:meth:`median_ms` of several implementations with their runs interleaved: rep ``r`` times each ``fn`` once
+        (after its L2-evicting memset) before rep ``r + 1`` starts, so that clock or temperature drift over a long
+        case (a GPU slowing down after hundreds of milliseconds of tensor-core work) hits each alike instead of the
+        one timed last. Returns a list of (median ms, spread)."""
+        torch = self.torch
+        for fn in fns:
+            for _ in range(self.warmup):
+                fn()
+        torch.cuda.synchronize()
+        events = [[] for _ in fns]
+        for _ in range(self.reps):
+            for fn, ev in zip(fns, events):
+                self.flush_buffer.zero_()
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                ev.append((start, stop))
+        torch.cuda.synchronize()
+        out = []
+        for ev in events:
+            times = [start.elapsed_time(stop) for start, stop in ev]
+            med = statistics.median(times)
+            out.append((med, (max(times) - min(times)) / med))
+        return out
+
     def host_us(self, fn, count=20):
         """Host time of one launch (microseconds; a burst of ``count`` launches after a sync: the GPU queue
         never fills, so this is the Python + driver cost a launch adds)."""

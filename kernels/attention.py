@@ -124,13 +124,17 @@ class AttentionConfig:
         return (BM, self.bn)
 
 
-def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads"):
+def default_config(d, *, causal=False, bn=None, stages=None, schedule=None, order="snake", sweep=None):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
     (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256); the
-    "pingpong" schedule (FA3's) for D <= 128 and "serial" for D = 256 - to be confirmed by measurement
-    (benchmarks/attention.py --only variants)."""
+    "overlap" schedule for D <= 128 and "serial" for D = 256; items swept query blocks first when not causal
+    (the CTAs running at once share K and V in L2), (batch, head) first when causal (with the snake order, what
+    balances the CTAs' work). Measured on an H100 (benchmarks/RESULTS.md, ``--only variants``): overlap 1-5% ahead
+    of pingpong at D = 128, the query sweep 2-5% ahead for full attention and 30% behind for causal."""
+    if sweep is None:
+        sweep = "heads" if causal else "queries"
     if schedule is None:  # (D = 256 overlapped would hold S, P and O at once: 200+ registers, spills)
-        schedule = "pingpong" if d <= 128 else "serial"
+        schedule = "overlap" if d <= 128 else "serial"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
         if value not in choices:
             raise TensorMapError(f"Attention: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -432,16 +436,26 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     return attention_kernel
 
 
+def _new_lse(q, shape):
+    """A float32 array for the log-sum-exp: a torch tensor on q's device when q is one (torch's caching allocator:
+    cheap per call, and what a torch user expects back), else a numba device array."""
+    if type(q).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+    return cuda.device_array(shape, np.float32)
+
+
 class Attention(Plan):
     """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
-    "queries") - :class:`AttentionConfig` says what they do - ``grid`` (CTAs; default
-    one per SM). ``lse``: a (B, Hq, Sq) float32 array, or None (the plan allocates one). ``launch(stream)`` returns
-    ``(o, lse)``."""
+    "queries") - :class:`AttentionConfig` says what they do - ``grid`` (CTAs; default one per SM). ``lse``: a
+    (B, Hq, Sq) float32 array, or None (the plan allocates one: a torch tensor when q is one). ``launch(stream)``
+    returns ``(o, lse)``."""
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep="heads", grid=None):
+                 schedule=None, order="snake", sweep=None, grid=None):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -487,18 +501,19 @@ class Attention(Plan):
         self.o = o
         given_lse = lse
         if lse is None:
-            lse = cuda.device_array((bq, hq, sq), np.float32)
+            lse = self.owned_output(functools.partial(_new_lse, q, (bq, hq, sq)))  # (new for every call)
         else:
             ll = array_layout(lse)
             if ll.shape != (bq, hq, sq) or ll.dtype != np.float32:
                 raise TensorMapError(f"{op}: lse is a {ll.name}; it must be float32 with shape {(bq, hq, sq)} "
                                      f"(batch, heads, query rows).")
         self.lse = lse
-        self._owns_lse = lse is not given_lse  # (allocated here: returned by launch, never shared by two calls)
+        self._owns_lse = lse is not given_lse  # (allocated here: a cache hit of attention() makes a new one)
         self.kernel = None
         if bq * hq * sq == 0:
             return
-        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep)
+        self.config = default_config(d, causal=self.causal, bn=bn, stages=stages, schedule=schedule, order=order,
+                                     sweep=sweep)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
@@ -523,11 +538,6 @@ class Attention(Plan):
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
                                         cfg.schedule, cfg.order, cfg.sweep)
-
-    @property
-    def cacheable(self):
-        """False when the plan allocated ``lse`` (each call of :func:`attention` without one returns its own)."""
-        return not self._owns_lse
 
     @property
     def grid(self):
