@@ -733,7 +733,8 @@ def reduce_elements(kind, old, new):
     (``old == 0 or old > new ? new : old - 1``), and, or, xor.
 
     min/max of floats follow np.fmin / np.fmax: PTX min/max without ``.NaN`` return the non-NaN operand when
-    one operand is NaN. (A GPU probe of NaN operands through the tile and bulk reduces is still pending.)"""
+    one operand is NaN - what an H100 does through the tile reduce (float16, bfloat16) and the bulk reduce (float16):
+    scripts/probe_reduce_nan.py, tests/test_gpu_reduce_nan.py."""
     with np.errstate(over="ignore", invalid="ignore"):
         if kind == "add":
             return old + new

@@ -110,7 +110,7 @@ class AttentionConfig:
     takes item ``r G + c`` ("cyclic"), or ``r G + G - 1 - c`` in the odd rounds ("snake": with causal items ordered
     longest first, every CTA's total work comes out within a few percent of the mean; cyclic leaves the first
     CTAs up to 25% more). ``sweep``: "heads" numbers the items (batch, head) fastest, "queries" query block
-    fastest (the CTAs running at once then share fewer heads' K and V in L2)."""
+    fastest (the CTAs running at once then share fewer heads' K and V in L2; measured no faster)."""
 
     bn: int
     stages: int
@@ -124,15 +124,13 @@ class AttentionConfig:
         return (BM, self.bn)
 
 
-def default_config(d, *, causal=False, bn=None, stages=None, schedule=None, order="snake", sweep=None):
+def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads"):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
     (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256); the
-    "overlap" schedule for D <= 128 and "serial" for D = 256; items swept query blocks first when not causal
-    (the CTAs running at once share K and V in L2), (batch, head) first when causal (with the snake order, what
-    balances the CTAs' work). Measured on an H100 (benchmarks/RESULTS.md, ``--only variants``): overlap 1-5% ahead
-    of pingpong at D = 128, the query sweep 2-5% ahead for full attention and 30% behind for causal."""
-    if sweep is None:
-        sweep = "heads" if causal else "queries"
+    "overlap" schedule for D <= 128 and "serial" for D = 256; the snake order over items numbered (batch, head)
+    first. Measured on an H100 (benchmarks/RESULTS.md, ``--only variants``, runs interleaved): overlap 1-3% ahead of
+    pingpong at D = 64 and 128; snake 10% ahead of cyclic for causal; the query-first sweep equal for full
+    attention and 30% behind for causal (its longest items all come first, to the same CTAs)."""
     if schedule is None:  # (D = 256 overlapped would hold S, P and O at once: 200+ registers, spills)
         schedule = "overlap" if d <= 128 else "serial"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
@@ -455,7 +453,7 @@ class Attention(Plan):
     returns ``(o, lse)``."""
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep=None, grid=None):
+                 schedule=None, order="snake", sweep="heads", grid=None):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -512,8 +510,7 @@ class Attention(Plan):
         self.kernel = None
         if bq * hq * sq == 0:
             return
-        self.config = default_config(d, causal=self.causal, bn=bn, stages=stages, schedule=schedule, order=order,
-                                     sweep=sweep)
+        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
