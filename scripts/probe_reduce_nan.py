@@ -41,8 +41,6 @@ def verdict(what, got, old, new, kind):
 
 
 def tile(kind, dtype):
-    import ml_dtypes  # noqa: F401 - bfloat16 for NumPy
-
     shape, box = K.SHAPES[2], K.BOXES[2]
     npd = K.np_dtype(dtype)
     old_full, _ = operands(npd, int(np.prod(shape)))
