@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one command, for the device machine (H100/H200):
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
-#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, gemm, attention, probes, sweep,
+#   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, launch, gemm, attention, probes, sweep,
 #                                                        # sanitize: compute-sanitizer, runs beside the others)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
@@ -34,6 +34,9 @@ if [[ $parts == *" bench "* ]]; then
 fi
 if [[ $parts == *" gemm "* ]]; then  # tensor-core GEMM against cuBLAS and Triton (benchmarks/gemm.py)
   timeout ${GEMM_TIMEOUT:-500} python3 "$repo/benchmarks/gemm.py" ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.log" || status=1
+fi
+if [[ $parts == *" launch "* ]]; then  # a user kernel's launch with a TensorMap vs the plain array (also in bench)
+  timeout 300 python3 "$repo/benchmarks/launch_overhead.py" 2>&1 | tee "$out/launch_overhead.log" || status=1
 fi
 if [[ $parts == *" host "* || $parts == *" bench "* ]]; then  # host time per call against torch (benchmarks/host_path.py)
   timeout 300 python3 "$repo/benchmarks/host_path.py" ${HOST_ARGS:-} 2>&1 | tee "$out/host_path.log" || status=1
