@@ -161,6 +161,7 @@ def main():
                     ("numbatma pingpong", numbatma_impl(schedule="pingpong")),
                     ("numbatma stages=1", numbatma_impl(stages=1)),
                     ("numbatma stages=2", numbatma_impl(stages=2)),
+                    ("numbatma q_stages=1", numbatma_impl(q_stages=1)),
                     ("numbatma bn=64", numbatma_impl(bn=64)),
                     ("numbatma cyclic order", numbatma_impl(order="cyclic")),
                     ("numbatma sweep=queries", numbatma_impl(sweep="queries")),

@@ -31,7 +31,8 @@ Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups):
   the stores have read it.
 
 Tile: ``bm = 128`` query rows, ``bn`` keys per block (128 for D <= 128, 64 for D = 256; the ``bn`` option
-takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: Q ``128 D`` + ``2 stages bn D`` elements (two bytes each).
+takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D <= 128:
+the next item's Q loads while this one's epilogue runs) + ``2 stages bn D`` elements (two bytes each).
 """
 from __future__ import annotations
 
@@ -110,7 +111,10 @@ class AttentionConfig:
     takes item ``r G + c`` ("cyclic"), or ``r G + G - 1 - c`` in the odd rounds ("snake": with causal items ordered
     longest first, every CTA's total work comes out within a few percent of the mean; cyclic leaves the first
     CTAs up to 25% more). ``sweep``: "heads" numbers the items (batch, head) fastest, "queries" query block
-    fastest (the CTAs running at once then share fewer heads' K and V in L2; measured no faster)."""
+    fastest (the CTAs running at once then share fewer heads' K and V in L2; measured no faster).
+
+    ``q_stages``: Q tiles in shared memory (each also the O staging tile of its item). With 2 the producer loads
+    the next item's Q while the consumers still compute (and store) this one's - what short sequences need."""
 
     bn: int
     stages: int
@@ -118,15 +122,17 @@ class AttentionConfig:
     schedule: str = "pingpong"
     order: str = "snake"
     sweep: str = "heads"
+    q_stages: int = 1
 
     @property
     def tile(self):
         return (BM, self.bn)
 
 
-def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads"):
+def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
-    (O alone takes 128 registers); as many K/V stages as shared memory holds, at most 4 (2 for D = 256); the
+    (O alone takes 128 registers); two Q stages for D <= 128, one for D = 256 (two would leave room for one K/V
+    stage); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the
     "overlap" schedule for D <= 128 and "serial" for D = 256; the snake order over items numbered (batch, head)
     first. Measured on an H100 (benchmarks/RESULTS.md, ``--only variants``, runs interleaved): overlap 1-3% ahead of
     pingpong at D = 64 and 128; snake 10% ahead of cyclic for causal; the query-first sweep equal for full
@@ -143,7 +149,10 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if bn % 16:
         raise TensorMapError(f"Attention: bn (keys per block) must be a multiple of 16 in 16..{most} for head dim "
                              f"{d}, got {bn}")
-    q_bytes = BM * d * 2
+    if q_stages is None:
+        q_stages = 2 if d <= 128 else 1
+    q_stages = require_int("Attention", "q_stages", q_stages, 1, 2)
+    q_bytes = q_stages * BM * d * 2
     stage_bytes = 2 * bn * d * 2  # K and V
     fit = (SMEM_PER_BLOCK - _STATIC_SMEM - q_bytes) // stage_bytes
     if stages is None:
@@ -151,9 +160,10 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     stages = require_int("Attention", "stages", stages, 1, 64)
     if stages > fit:
         raise TensorMapError(f"Attention: stages={stages} with head dim {d} and bn={bn} needs "
-                             f"{q_bytes + stages * stage_bytes} bytes of shared memory; at most {fit} stages fit in "
+                             f"{q_bytes + stages * stage_bytes} bytes of shared memory (with {q_stages} Q stage"
+                             f"{'s' if q_stages > 1 else ''}); at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
-    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep)
+    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep, q_stages)
 
 
 # -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
@@ -234,7 +244,7 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads"):
+def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1):
     """The kernel of one configuration (every argument a compile-time constant of the closure)."""
     pingpong = schedule == "pingpong"
     snake = order == "snake"
@@ -242,22 +252,22 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
     box_kv = bn * CHUNK  # elements of one K or V box (bn x 64)
-    q_elems = BM * d
+    q_elems = BM * d  # one Q stage
     kv_elems = bn * d  # one K (or V) stage
-    k_base = q_elems
-    v_base = q_elems + stages * kv_elems
+    k_base = q_stages * q_elems
+    v_base = k_base + stages * kv_elems
 
     @cuda.jit(device=True, inline="always")
-    def q_tile(smem, w, c):
-        """Consumer ``w``'s 64 rows, head-dim chunk ``c`` of the Q stage (also its O staging tile)."""
-        return shared_view(smem, (w * chunks + c) * box_q, (WG_ROWS, CHUNK))
+    def q_tile(smem, qs, w, c):
+        """Consumer ``w``'s 64 rows, head-dim chunk ``c`` of Q stage ``qs`` (also its O staging tile)."""
+        return shared_view(smem, qs * q_elems + (w * chunks + c) * box_q, (WG_ROWS, CHUNK))
 
     @cuda.jit(device=True, inline="always")
-    def issue_qk(smem, q_map, k_map, w, ks):
+    def issue_qk(smem, q_map, k_map, qs, w, ks):
         """Issue ``S = Q_w Kᵀ`` for K stage ``ks`` - the D / 16 k-steps in one wgmma call, back to back - and commit
         it (the caller waits). Both tiles are K-major with their 64-wide chunks side by side along K (the head
         dim)."""
-        q_all = shared_view(smem, w * chunks * box_q, (chunks, WG_ROWS, CHUNK))
+        q_all = shared_view(smem, qs * q_elems + w * chunks * box_q, (chunks, WG_ROWS, CHUNK))
         k_all = shared_view(smem, k_base + ks * kv_elems, (chunks, bn, CHUNK))
         s = wgmma_fence(wgmma_zeros(bn))
         s = wgmma(s, wgmma_desc(q_all, q_map, "K", 0, (0, d)), wgmma_desc(k_all, k_map, "K", 0, (0, d)), 0)
@@ -299,7 +309,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     @jit
     def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
-        qpipe = Pipeline(1, 1, 2)  # full: the producer + Q's bytes; empty: one arrival per consumer warpgroup
+        qpipe = Pipeline(q_stages, 1, 2)  # full: the producer + Q's bytes; empty: one arrival per consumer warpgroup
         kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
         vpipe = Pipeline(stages, 1, 8)
         wg = cuda.threadIdx.x // WARPGROUP
@@ -331,10 +341,10 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                                 # Q after the item's first K and V: their stages free up while the consumers still
                                 # finish the previous item, Q's only after its epilogue, so K and V are in flight
                                 # (or landed) by the time Q's stage is free.
-                                qpipe.producer_acquire()
+                                qs = qpipe.producer_acquire()
                                 for w in range(2):
                                     for c in range(chunks):
-                                        qpipe.load(q_tile(smem, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
+                                        qpipe.load(q_tile(smem, qs, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
                                 qpipe.producer_commit()
         else:
             setmaxnreg_inc(CONSUMER_REGISTERS)
@@ -357,12 +367,12 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 l_a = ZERO  # running sums of exp2(...)
                 l_b = ZERO
                 o = wgmma_zeros(d)
-                qpipe.consumer_wait()
+                qs = qpipe.consumer_wait()
                 state = (m_a, m_b, l_a, l_b)
                 if schedule == "serial":  # each product issued and waited for in turn
                     for j in range(blocks):
                         ks = kpipe.consumer_wait()
-                        sacc = wgmma_wait_group(0, issue_qk(smem, q_map, k_map, w, ks))
+                        sacc = wgmma_wait_group(0, issue_qk(smem, q_map, k_map, qs, w, ks))
                         if lane == 0:
                             kpipe.consumer_release()
                         p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
@@ -377,7 +387,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     if pingpong:
                         named_barrier_sync(PINGPONG + w, CONSUMER_THREADS)  # my turn to issue
                     ks = kpipe.consumer_wait()
-                    sacc = issue_qk(smem, q_map, k_map, w, ks)
+                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
                     if pingpong:
                         named_barrier_arrive(PINGPONG + 1 - w, CONSUMER_THREADS)  # the other's turn
                     sacc = wgmma_wait_group(0, sacc)
@@ -389,7 +399,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                         if pingpong:
                             named_barrier_sync(PINGPONG + w, CONSUMER_THREADS)
                         ks = kpipe.consumer_wait()
-                        sacc = issue_qk(smem, q_map, k_map, w, ks)
+                        sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
                         vs = vpipe.consumer_wait()
                         o = issue_pv(o, pf, smem, v_map, vs)
                         if pingpong:
@@ -417,12 +427,12 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                         lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
                 named_barrier_sync(1 + w, WARPGROUP)  # every wgmma of this warpgroup has read its Q rows
                 for c in range(chunks):
-                    wgmma_store(o, q_tile(smem, w, c), o_map, 0, CHUNK * c)
+                    wgmma_store(o, q_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
                 fence_proxy_async_shared_cta()
                 named_barrier_sync(1 + w, WARPGROUP)
                 if tw == 0:
                     for c in range(chunks):
-                        tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), q_tile(smem, w, c))
+                        tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), q_tile(smem, qs, w, c))
                     bulk_commit_group()
                     bulk_wait_group_read(0)  # the stores have read the Q stage: the producer may refill it
                     qpipe.consumer_release()
@@ -448,12 +458,13 @@ class Attention(Plan):
     """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
-    "queries") - :class:`AttentionConfig` says what they do - ``grid`` (CTAs; default one per SM). ``lse``: a
+    "queries"), ``q_stages`` (1 or 2) - :class:`AttentionConfig` says what they do - ``grid`` (CTAs; default one
+    per SM). ``lse``: a
     (B, Hq, Sq) float32 array, or None (the plan allocates one: a torch tensor when q is one). ``launch(stream)``
     returns ``(o, lse)``."""
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep="heads", grid=None):
+                 schedule=None, order="snake", sweep="heads", q_stages=None, grid=None):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -510,7 +521,8 @@ class Attention(Plan):
         self.kernel = None
         if bq * hq * sq == 0:
             return
-        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep)
+        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
+                                     q_stages=q_stages)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
@@ -534,7 +546,7 @@ class Attention(Plan):
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
-                                        cfg.schedule, cfg.order, cfg.sweep)
+                                        cfg.schedule, cfg.order, cfg.sweep, cfg.q_stages)
 
     @property
     def grid(self):

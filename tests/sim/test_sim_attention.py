@@ -29,6 +29,7 @@ ORDER_CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, order, s
     (1, 3, 1, 100, 90, 64, True, "snake", "heads"),  # 3 items: in round 1 (reversed) CTA 0 has none
     (1, 3, 1, 200, 200, 64, True, "cyclic", "queries"),  # 6 items, query blocks fastest, 3 rounds
 ]
+# (the default two Q stages wrap around in the second case: 3 items per CTA; one Q stage below)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}/{}-{}x{}-d{}-{}-{}-bn{}-{}".format(
@@ -40,6 +41,11 @@ def test_attention_matches_numpy(case):
 @pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: f"{c[7]}-{c[8]}")
 def test_every_item_is_computed_once_in_any_order(case):
     check(*case[:7], "bhsd", 64, None, order=case[7], sweep=case[8])
+
+
+def test_one_q_stage():
+    """``q_stages=1``: each item's Q loads only after the previous item's epilogue released the stage."""
+    check(1, 3, 1, 100, 90, 64, False, "bhsd", 64, None, q_stages=1)
 
 
 def check(b, hq, hk, sq, sk, d, causal, layout, bn, schedule, **options):
