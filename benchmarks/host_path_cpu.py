@@ -1,7 +1,10 @@
 """The Python part of the host path (benchmarks/host_path.py measures it with the GPU launch), on a CPU: plans built
 from stand-in arrays (``--kind``: tests/fakes.py's torch-like tensor in a stand-in ``torch`` module, numba's own
-``DeviceNDArray`` over memory it does not own, or a bare CUDA-array-interface object), the GPU launch replaced by a
-no-op, µs per call of everything numbatma does around it.
+``DeviceNDArray`` over memory it does not own, or a bare CUDA-array-interface object), launched through numbatma's
+real prepared launch (numba-cuda's argument marshalling once, the parameter block, ``update``) with only the driver
+replaced: the launch (``cuLaunchKernel``) and ``cuTensorMapReplaceAddress`` are no-ops, descriptors are not encoded
+(an empty ``CUtensorMap``), the compiled kernel is a stand-in typed from the arguments. µs per call of everything
+numbatma does around the driver.
 
     python benchmarks/host_path_cpu.py [--calls 2000] [--rounds 5] [--kind torch|numba|cai] [--profile CASE]
 
@@ -9,10 +12,9 @@ Cases: ``Plan.launch()`` of a StreamCopy plan, and each function form on a cache
 and alternating between two sets of arrays of the same layout ("new": every call re-points the plan). The figure is
 the best of ``--rounds`` rounds of ``--calls`` calls. ``prep/call``: launches prepared from scratch per call (on a
 GPU each costs tens of µs: argument typing, overload lookup, conversion), ``upd/call``: prepared launches patched in
-place. What is not here: the GPU launch itself (cuda.core's ``launch``: its argument packing and
-``cuLaunchKernelEx``), the driver's share of re-pointing a descriptor, allocating ``lse`` for attention (numba's
-``device_array``), torch's own cost per tensor method call. ``--profile CASE`` prints a cProfile of the "new" calls
-of CASE (e.g. ``gemm``).
+place (``PreparedLaunch.update``). What is not here: cuda.bindings' and the driver's share of the launch and of each
+descriptor's re-pointing, allocating ``lse`` for attention (numba's ``device_array``), torch's own cost per tensor
+method call. ``--profile CASE`` prints a cProfile of the "new" calls of CASE (e.g. ``gemm``).
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import argparse
 import os
 import sys
 import time
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -32,46 +33,36 @@ import numpy as np  # noqa: E402
 sys.modules["torch"] = TORCH = fakes.fake_torch()  # (before numbatma: it must see "torch" loaded, as on a GPU host)
 
 from numbatma import kernels as K  # noqa: E402
-from numbatma.kernels import _launch, _plan  # noqa: E402
 
 COUNTS = {"prepare": 0, "update": 0}
 
 
-class NoLaunch:
-    """What ``prepare_launch`` returns here: launching does nothing; ``update`` (the in-place re-pointing a
-    prepared launch offers on a GPU) succeeds."""
-
-    def __init__(self, args):
-        self.args = tuple(args)
-
-    def __call__(self, stream=0):
-        pass
-
-    def update(self, args):
-        COUNTS["update"] += 1
-        self.args = tuple(args)
-        return True
-
-
-def fake_prepare(kernel, args, *rest, **kw):
-    COUNTS["prepare"] += 1
-    return NoLaunch(args)
-
-
 def offline():
-    _launch.sm_count = lambda *a: 132
-    _plan.prepare_launch = fake_prepare
-    from numbatma import DeviceView
-
-    DeviceView.device_array = lambda self: self  # (on a GPU: a numba array over the view, made on first launch)
+    """Replace what needs a GPU (see the module docstring: tests/fakes.py's ``offline_gpu``, the launch a no-op) and
+    count preparations and updates."""
     from numba import cuda
 
+    from numbatma import _numba_internals as internals
+
+    fakes.offline_gpu(setattr, record=False)
+    prepare, update = internals.prepare_launch, internals.PreparedLaunch.update
+
+    def counted_prepare(*a, **k):
+        COUNTS["prepare"] += 1
+        return prepare(*a, **k)
+
+    def counted_update(self, sources):
+        COUNTS["update"] += 1
+        return update(self, sources)
+
+    internals.prepare_launch = counted_prepare
+    internals.PreparedLaunch.update = counted_update
     pools, turn = {}, [0]
 
     def device_array(shape, dtype):  # (attention's own lse: a numba array at a new address each call, taken from
         key = (tuple(shape), np.dtype(dtype))  # a pool made here: allocating - cuMemAlloc on a GPU - is not counted)
         if key not in pools:
-            pools[key] = [_numba_array(shape, dtype, (1 << 40) + i * (1 << 20)) for i in range(64)]
+            pools[key] = [fakes.numba_array(shape, dtype, (1 << 40) + i * (1 << 20)) for i in range(64)]
         turn[0] += 1
         return pools[key][turn[0] % 64]
 
@@ -90,7 +81,7 @@ def arrays(kind, base):
             return fakes.FakeTorchTensor(shape, dtype, ptr=base + off)
     elif kind == "numba":
         def t(shape, dtype="float32", off=0):
-            return _numba_array(shape, np_dtype(dtype), base + off)
+            return fakes.numba_array(shape, np_dtype(dtype), base + off)
     else:
         def t(shape, dtype="float32", off=0):
             return fakes.FakeCudaArray(shape, np_dtype(dtype), ptr=base + off)
@@ -99,18 +90,6 @@ def arrays(kind, base):
                 bf=t((128, 128), "bfloat16", off=4 * mb), cf=t((128, 128), "bfloat16", off=5 * mb),
                 q=t((1, 1, 128, 64), "bfloat16", off=6 * mb), k=t((1, 1, 128, 64), "bfloat16", off=7 * mb),
                 v=t((1, 1, 128, 64), "bfloat16", off=8 * mb), o=t((1, 1, 128, 64), "bfloat16", off=9 * mb))
-
-
-def _numba_array(shape, dtype, ptr):
-    """A C-contiguous numba ``DeviceNDArray`` at ``ptr`` (over memory it does not own: no driver needed)."""
-    import ctypes
-
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    dtype = np.dtype(dtype)
-    strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
-    memory = types.SimpleNamespace(device_ctypes_pointer=ctypes.c_void_p(ptr))
-    return DeviceNDArray(tuple(shape), strides, dtype, gpu_data=memory)
 
 
 FORMS = {
@@ -128,11 +107,11 @@ FORMS = {
 def per_call_us(fn, calls, rounds):
     fn()
     best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
+    for _ in range(rounds):  # (the thread's CPU time: what other processes take of the CPU is not counted)
+        t0 = time.thread_time()
         for _ in range(calls):
             fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
+        best = min(best, (time.thread_time() - t0) / calls)
     return best * 1e6
 
 

@@ -20,15 +20,18 @@ Streams: ``launch`` takes a numba, torch, CuPy or cuda.core stream, anything wit
 handle (:func:`numbatma.streams.as_stream`). With none given, a plan built from torch tensors launches on torch's
 *current* stream (so it orders with the torch ops around it), any other on the legacy default stream.
 
-Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once; a launch is then the
-stream look-up and cuda.core's ``launch``) on first use. A plan notices its changes through attribute assignment
-(``Plan.__setattr__``): after one (``plan.a = 3.0``, ``Gemm.alpha``/``beta``, ``Attention.scale``, a new
-``kernel``), or a :meth:`Plan.rebind`, the next launch compares ``kernel``, ``grid``/``block``/``shared_mem`` and
+Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once into a kernel parameter block;
+a launch is then the stream look-up and the driver's ``cuLaunchKernel``) on first use. A plan notices its changes
+through attribute assignment (``Plan.__setattr__``): after one (``plan.a = 3.0``, ``Gemm.alpha``/``beta``,
+``Attention.scale``, a new ``kernel``) the next launch compares ``kernel``, ``grid``/``block``/``shared_mem`` and
 ``args`` with the prepared ones: changed arrays, views, descriptors and scalars of the same types are patched into
-the prepared launch (``update``: their addresses and values), anything else prepares again. A launch with nothing
-assigned since does no comparison at all. The arrays and descriptors are fixed when the plan is built until
-:meth:`Plan.rebind` re-points them. Plans never launch dependent (``prepare_launch(..., scoped=False)``:
-``numbatma.dependent_launch()`` does not reach them), as their kernels do not call ``griddepcontrol_wait`` yet.
+the prepared launch (``update``: their addresses and values), anything else prepares again. After a
+:meth:`Plan.rebind` (a re-point: only addresses move, the kernel and its geometry stay) the next launch compares
+``args`` only. A launch with nothing assigned or re-pointed since does no comparison at all. The arrays and
+descriptors are fixed when the plan is built until :meth:`Plan.rebind` re-points them (descriptors in place: a
+prepared launch passes each descriptor's own encoded bytes, so it sees that without a patch). Plans never launch
+dependent (``prepare_launch(..., scoped=False)``: ``numbatma.dependent_launch()`` does not reach them), as their
+kernels do not call ``griddepcontrol_wait`` yet.
 
 The function form of a plan (``stream_copy(src, dst, stream=..., **options)`` etc.) is :func:`run` : look the
 plan up in a small LRU cache (:func:`plan_cache_size`, :func:`clear_plan_cache`; see :func:`run` for the key),
@@ -46,6 +49,7 @@ from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlappin
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
 
 _UNSET = object()
+_MOVED = "moved"  # (_stale after a re-point only: the next launch compares args, not kernel and geometry)
 # The plan's own bookkeeping (assigning these is not a change of the plan; rebind does not walk them).
 _BOOKKEEPING = frozenset({"_user_arrays", "_user_facts", "_owned", "_prepared_launch", "_stale", "_rebind_map",
                           "_torch_device"})
@@ -173,8 +177,9 @@ class Plan:
 
     def _repoint(self, arrays, facts, fresh=False, overlap=True):
         """Move the plan to ``arrays`` (``facts``: their layout_facts, each of the layout it was built for) and, with
-        ``fresh``, to new owned outputs: the work of :meth:`rebind` and :meth:`fresh_outputs`. ``overlap=False``:
-        the caller knows that no two arguments overlap (the cache key says so)."""
+        ``fresh``, to new owned outputs: the work of :meth:`rebind` and :meth:`fresh_outputs`. ``overlap``: True
+        (find which arguments overlap), or the pairs ``(j, i)`` of arguments that overlap, as the caller knows them
+        (the cache key says which)."""
         old_args, old_facts, owned = self._user_arrays, self._facts(), self._owned
         new_args, new_facts = arrays, facts
         if owned:  # (the owned outputs: arguments after the caller's)
@@ -184,20 +189,24 @@ class Plan:
             old_facts += tuple([o[2] for o in self._owned])
             new_args += tuple([o[0] for o in owned])
             new_facts += tuple([o[2] for o in owned])
-        moves = moves_of(old_args, new_args, old_facts, new_facts)
-        tree = self._rebind_map
+        rmap = self._rebind_map
         keep = True  # (overlapping arguments moving apart: a map for this move only)
-        if overlap and len(moves) > 1:
-            delta = [0 if m is None else m.delta for m in moves]
-            pairs = overlapping([None if f is None else byte_extent(f) for f in old_facts])
-            keep = all(delta[i] == delta[j] for i, j in pairs)
-        if tree is None or not keep:
-            tree = rebind_map(self, old_args, old_facts, skip=_BOOKKEEPING)
-        apply_moves(tree, self, moves)
-        self.__dict__.update(_user_arrays=arrays, _user_facts=facts, _owned=owned,
-                             _rebind_map=tree if keep else None, _torch_device=_UNSET)
-        if any(m is not None for m in moves):
-            self.__dict__["_stale"] = True
+        if overlap and len(old_facts) > 1:
+            pairs = overlapping([None if f is None else byte_extent(f) for f in old_facts]) if overlap is True else \
+                overlap
+            keep = all(new_facts[i][0] - old_facts[i][0] == new_facts[j][0] - old_facts[j][0] for i, j in pairs)
+        if rmap is None or not keep:
+            rmap = rebind_map(self, old_args, old_facts, skip=_BOOKKEEPING)
+        if keep:
+            moved = rmap.replay(self, old_args, new_args, old_facts, new_facts)
+        else:  # (a map for this move only: its tree, not compiled)
+            moved = apply_moves(rmap, self, moves_of(old_args, new_args, old_facts, new_facts))
+        state = self.__dict__
+        state.update(_user_arrays=arrays, _user_facts=facts, _owned=owned, _rebind_map=rmap if keep else None)
+        if moved:
+            if not state["_stale"]:
+                state["_stale"] = _MOVED
+            state["_torch_device"] = _UNSET
         return self
 
     def launch_args(self):
@@ -220,20 +229,26 @@ class Plan:
         Nothing is launched when there is nothing to compute (``kernel`` is None). The launch is prepared on first
         use; after an attribute of the plan was assigned (or a rebind) the next launch compares ``kernel``,
         ``grid``/``block``/``shared_mem`` and ``args`` with what it was prepared with and patches the changed
-        arguments in, or prepares again."""
+        arguments in, or prepares again (after a re-point only: compares ``args``)."""
         prepared = self._prepared_launch
-        if self._stale or prepared is None:  # (kernel, geometry and args change only by assignment: see Plan)
-            kernel = self.kernel
-            prepared = None if kernel is None else self._prepare(kernel)
+        stale = self._stale
+        if stale or prepared is None:  # (kernel, geometry and args change only by assignment: see Plan)
+            if stale is _MOVED and prepared is not None:
+                prepared = self._prepare(prepared[0], prepared[2])
+            else:
+                kernel = self.kernel
+                prepared = None if kernel is None else self._prepare(kernel)
         if prepared is not None:
             prepared[1](self.stream_for(stream))
         return self.output
 
-    def _prepare(self, kernel):
-        """The prepared launch of ``kernel`` with the plan's ``args`` and geometry now: the one there is (its changed
-        arguments patched in: ``update``, where it has that) or a new one."""
+    def _prepare(self, kernel, geometry=None):
+        """The prepared launch of ``kernel`` with the plan's ``args`` and geometry now (``geometry``: known to be the
+        prepared one): the one there is (its changed arguments patched in: ``update``, where it has that) or a new
+        one."""
         args = self.args
-        geometry = (self.grid, self.block, self.shared_mem)
+        if geometry is None:
+            geometry = (self.grid, self.block, self.shared_mem)
         prepared = self._prepared_launch
         if prepared is not None and prepared[0] is kernel and prepared[2] == geometry:
             update = getattr(prepared[1], "update", None)
@@ -245,7 +260,9 @@ class Plan:
             prepared = None
         if prepared is None:
             prepared = (kernel, prepare_launch(kernel, args, *geometry, scoped=False), geometry, args)
-        self.__dict__.update(_prepared_launch=prepared, _stale=False)
+        state = self.__dict__
+        state["_prepared_launch"] = prepared
+        state["_stale"] = False
         return prepared
 
 

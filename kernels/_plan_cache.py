@@ -6,9 +6,9 @@ from __future__ import annotations
 import collections
 import threading
 
-from numbatma import SIMULATING, layout_facts
+from numbatma import SIMULATING, layout_record
 
-from ._launch import byte_extent as _extent
+from ._rebind import _scalar_types
 from ._rebind import is_scalar as _is_scalar
 
 __all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "DEFAULT_PLAN_CACHE_SIZE"]
@@ -119,45 +119,34 @@ def cache_key(plan_class, arrays, options):
 
 
 def _key_and_facts(plan_class, arrays, options):
-    """(the cache key, the arguments' layout_facts with None for a scalar, whether two arguments overlap), or
-    (None, None, None)."""
+    """(the cache key, the arguments' layout_facts with None for a scalar, the pairs ``(j, i)``, ``j < i``, of
+    arguments that overlap), or (None, None, None). Each array is read once (:func:`numbatma.layout_record`: its
+    layout interned, so the key holds the layout's id, and its byte span comes with it)."""
     try:
         opts = tuple(sorted((k, _option_key(v)) for k, v in options.items())) if options else ()
-        parts, facts, spans, overlap = [], [], [], False
-        for i, a in enumerate(arrays):
-            if _is_scalar(a):
+        parts, facts, spans, overlap = [], [], [], ()
+        scalar_types = _scalar_types
+        for a in arrays:
+            scalar = scalar_types.get(type(a))
+            if scalar is None:
+                scalar = _is_scalar(a)
+            if scalar:
                 parts.append(("scalar", _option_key(a)))
                 facts.append(None)
                 continue
-            f = layout_facts(a)  # (ptr, shape, byte strides, dtype)
-            lo, hi = _span(f)
+            ptr, record = layout_record(a)  # (shape, byte strides, dtype, id, lo, hi)
+            lo, hi = ptr + record[4], ptr + record[5]
             overlaps = ()
             for j, lo2, hi2 in spans:
                 if lo < hi2 and lo2 < hi or lo == lo2:
                     overlaps += (j,)
-                    overlap = True
-            spans.append((i, lo, hi))
-            parts.append((type(a).__name__, f[1], f[2], f[3], f[0] & 1023, overlaps))
-            facts.append(f)
+                    overlap += ((j, len(parts)),)
+            spans.append((len(parts), lo, hi))
+            parts.append((type(a), record[3], ptr & 1023, overlaps))
+            facts.append((ptr, record[0], record[1], record[2]))
         return (plan_class, opts, tuple(parts), _device_id()), tuple(facts), overlap
     except Exception:  # noqa: BLE001 - unhashable options, arguments numbatma cannot read: not cached
         return None, None, None
-
-
-def _span(facts):
-    """The byte extent ``[lo, hi)`` of an array (:func:`numbatma.kernels._launch.byte_extent`), its offsets
-    remembered per (shape, strides, dtype)."""
-    layout = facts[1:]
-    offsets = _spans.get(layout)
-    if offsets is None:
-        if len(_spans) >= 4096:
-            _spans.clear()
-        offsets = _spans[layout] = _extent((0,) + layout)
-    ptr = facts[0]
-    return ptr + offsets[0], ptr + offsets[1]
-
-
-_spans = {}
 
 
 def run(plan_class, *arrays, stream=None, **options):
@@ -166,16 +155,17 @@ def run(plan_class, *arrays, stream=None, **options):
 
     The cache (LRU, :func:`plan_cache_size` plans, :func:`clear_plan_cache`) is keyed by the plan class, the
     options (by type and value; an unhashable option: no caching for that call), and for every positional
-    argument: for an array its type name, shape, byte strides, dtype, ``ptr % 1024`` (plans may depend on the
-    alignment) and which earlier arguments it overlaps; for a scalar its type and value; and the current device
-    (the current CUDA context's). Arrays are read with :func:`numbatma.layout_facts` (torch tensors through their
-    methods), once per call. On a hit:
+    argument: for an array its type, layout (shape, byte strides, dtype: an id of the interned layout,
+    :func:`numbatma.layout_record`), ``ptr % 1024`` (plans may depend on the alignment) and which earlier arguments
+    it overlaps; for a scalar its type and value; and the current device (the current CUDA context's). Arrays are
+    read with :func:`numbatma.layout_record` (torch tensors through their methods), once per call. On a hit:
 
     * the very same array objects at the same addresses as the plan's last call: nothing to do, the plan launches
       as it is (a dict look-up and the launch);
     * other arrays (or the same objects at other addresses): the plan is re-pointed at them
       (:meth:`Plan.rebind`'s work: its map of where each argument's descriptors, views and references sit is made
-      once and replayed; the prepared launch gets the new addresses patched in at the next launch);
+      once and compiled into one function that each re-point runs; descriptors are re-pointed in place, the
+      prepared launch gets the new views' and arrays' addresses patched into its parameter block at the launch);
     * a plan with outputs of its own (:meth:`Plan.owned_output`, e.g. attention's ``lse``) gets fresh ones
       (:meth:`Plan.fresh_outputs`): each call returns its own.
 

@@ -18,6 +18,7 @@ from .tensormap import (
     array_layout,
     kernel_view,
     layout_facts,
+    layout_record,
     layout_view,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "aligned_columns",
     "array_layout",
     "layout_facts",
+    "layout_record",
     "kernel_view",
     "layout_view",
     "Im2colTensorMap",

@@ -27,6 +27,7 @@ which is where users import them from. Imports nothing of numbatma but the leave
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +167,13 @@ class ArrayLayout:
         return ArrayLayout(self.ptr + start * self.strides[-1], self.shape[:-1] + (max(0, stop - start),),
                            self.strides, self.dtype)
 
+    def _shifted(self, delta):
+        """This layout ``delta`` bytes further (made without the dataclass's field-by-field ``__init__``: re-pointing
+        makes one per view and descriptor per call)."""
+        moved = object.__new__(ArrayLayout)
+        moved.__dict__.update(ptr=self.ptr + delta, shape=self.shape, strides=self.strides, dtype=self.dtype)
+        return moved
+
 
 class DeviceView:
     """A strided view of device memory (the CUDA Array Interface of an :class:`ArrayLayout`) that keeps the
@@ -176,11 +184,37 @@ class DeviceView:
 
     def __init__(self, layout, owner):
         self.owner = owner
-        self.layout = layout
-        dtype = bits_dtype(layout.dtype)
-        self.__cuda_array_interface__ = {"shape": tuple(layout.shape), "strides": tuple(layout.strides),
-                                         "typestr": dtype.str, "data": (int(layout.ptr), False), "version": 3}
+        self._base = self._layout = layout  # (the layout given; the views re-pointed from this one share it)
+        self._ptr = layout.ptr
+        self._cai = None
         self._device = None
+
+    @property
+    def layout(self):
+        """The :class:`ArrayLayout` the view describes."""
+        lay = self._layout
+        if lay is None:  # (re-pointed: made on first use)
+            base = self._base
+            lay = self._layout = base._shifted(self._ptr - base.ptr)
+        return lay
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = self._cai
+        if cai is None:
+            lay = self.layout
+            cai = self._cai = {"shape": tuple(lay.shape), "strides": tuple(lay.strides),
+                               "typestr": bits_dtype(lay.dtype).str, "data": (int(lay.ptr), False), "version": 3}
+        return cai
+
+    def _at(self, delta, owner):
+        """This view ``delta`` bytes further, inside ``owner``: what re-pointing makes (its layout and interface are
+        made when first asked for; it shares this view's base layout, which tells a prepared launch that only the
+        address changed)."""
+        view = object.__new__(DeviceView)
+        view.__dict__.update(owner=owner, _base=self._base, _ptr=self._ptr + delta, _layout=None, _cai=None,
+                             _device=None)
+        return view
 
     def device_array(self):
         """The numba device array over the same memory (made on first call; needs the CUDA driver)."""
@@ -319,18 +353,62 @@ def array_layout(array) -> ArrayLayout:
 def layout_facts(array):
     """``(ptr, shape, byte strides, dtype)`` of ``array``: the fields of :func:`array_layout`'s answer as a plain
     tuple (cheaper to make: what the function forms' plan cache reads per argument and call). The one intake of
-    arrays: every reader of CUDA arrays in numbatma goes through here.
+    arrays: every reader of CUDA arrays in numbatma goes through here (or through :func:`layout_record`, the same
+    answer with the layout interned).
 
     Fast paths, the same answer as through the CUDA Array Interface (which torch builds in Python on every
     access): a CUDA ``torch.Tensor`` (the class itself, not a subclass) that does not require grad, is dense and
     not empty, of a dtype torch's interface names, is read with ``data_ptr()``, ``shape``, ``stride()`` and
     ``dtype`` (the layout part remembered per shape, strides and dtype); a numba ``DeviceNDArray`` of numbers, not
-    empty, with its ``shape``, ``strides``, ``dtype`` and pointer. Anything else: the CUDA Array Interface, then
-    DLPack (same errors as ever). (Which reader an array's class gets is decided on its first sight.)"""
+    empty, with its ``shape``, ``strides``, ``dtype`` and pointer (the layout part remembered likewise). Anything
+    else: the CUDA Array Interface, then DLPack (same errors as ever). (Which reader an array's class gets is
+    decided on its first sight.)"""
+    ptr, record = layout_record(array)
+    return ptr, record[0], record[1], record[2]
+
+
+def layout_record(array):
+    """``(ptr, record)``: :func:`layout_facts` of ``array`` with the layout part interned: ``record`` is
+    ``(shape, byte strides, dtype, id, lo, hi)``, the same tuple for every array of that layout while it is
+    remembered (up to 4096 layouts), ``id`` an int naming the layout (never reused for another one, so a key holding
+    it needs no hashing of shapes), ``[ptr + lo, ptr + hi)`` the bytes the elements span (``lo == hi``: empty)."""
     reader = _READERS.get(type(array))
     if reader is None:
         reader = _READERS[type(array)] = _reader_for(type(array))
     return reader(array)
+
+
+def byte_span(shape, strides, itemsize):
+    """``(lo, hi)``: the bytes the elements of an array at address 0 span (``lo == hi`` for an empty array)."""
+    if 0 in shape:
+        return 0, 0
+    lo = hi = 0
+    for n, st in zip(shape, strides):
+        if st >= 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return lo, hi + itemsize
+
+
+def _record(shape, strides, dtype):
+    """The interned layout record of (shape, byte strides, dtype) (see :func:`layout_record`)."""
+    key = (shape, strides, dtype)
+    record = _RECORDS.get(key)
+    if record is None:
+        if len(_RECORDS) >= 4096:
+            _RECORDS.clear()
+        record = _RECORDS[key] = key + (next(_RECORD_IDS),) + byte_span(shape, strides, dtype.itemsize)
+    return record
+
+
+_RECORDS = {}
+_RECORD_IDS = itertools.count()
+
+
+def _general_record(array):
+    ptr, shape, strides, dtype = _general_facts(array)
+    return ptr, _record(shape, strides, dtype)
 
 
 def _general_facts(array):
@@ -396,7 +474,7 @@ def _general_facts(array):
     )
 
 
-_READERS = {}  # array class -> its reader (decided on first sight: _reader_for)
+_READERS = {}  # array class -> its reader of (ptr, record) (decided on first sight: _reader_for)
 # torch dtype name -> the typestr torch's __cuda_array_interface__ gives it (torch/_tensor.py; bfloat16 as
 # ml_dtypes spells it). Dtypes not listed (complex, float8, ...) take the general path.
 _TORCH_TYPESTRS = {
@@ -407,18 +485,19 @@ _TORCH_TYPESTRS = {
 
 
 def _reader_for(cls):
-    """The reader of arrays of class ``cls`` for :func:`layout_facts`: the fast one of a CUDA torch tensor (see
-    there) or :func:`_general_facts`. (torch is never imported here: a torch tensor means torch is loaded.)"""
+    """The reader of arrays of class ``cls`` for :func:`layout_record`: the fast one of a CUDA torch tensor or a numba
+    device array (see :func:`layout_facts`) or the general one. (torch is never imported here: a torch tensor means
+    torch is loaded.)"""
     import sys
 
     if SIMULATING:
-        return _general_facts
+        return _general_record
     if cls.__name__ == "DeviceNDArray" and cls.__module__ == "numba.cuda.cudadrv.devicearray":
-        return _numba_facts
+        return _numba_record
     torch = sys.modules.get("torch")
     if (torch is None or cls is not getattr(torch, "Tensor", None)
             or not all(hasattr(cls, m) for m in ("data_ptr", "stride"))):
-        return _general_facts
+        return _general_record
     dtypes = {}
     for name, typestr in _TORCH_TYPESTRS.items():
         torch_dtype = getattr(torch, name, None)
@@ -426,44 +505,45 @@ def _reader_for(cls):
         if dtype is not None and (dtype.kind != "V" or dtype.name == "bfloat16"):  # (else: no ml_dtypes)
             dtypes[torch_dtype] = dtype
     strided = getattr(torch, "strided", None)
-    known = {}  # (shape, element strides, torch dtype) -> (shape, byte strides, dtype)
+    known = {}  # (shape, element strides, torch dtype) -> its record
 
     def read(t):
         if t.requires_grad or not t.is_cuda or t.layout is not strided:
-            return _general_facts(t)  # (which raises what torch's interfaces raise)
+            return _general_record(t)  # (which raises what torch's interfaces raise)
         key = (t.shape, t.stride(), t.dtype)
-        layout = known.get(key)
-        if layout is None:
+        record = known.get(key)
+        if record is None:
             dtype = dtypes.get(t.dtype)
             shape = tuple(t.shape)
             if dtype is None or 0 in shape:  # (empty: the interface's ptr 0 and strides; rare)
-                return _general_facts(t)
+                return _general_record(t)
             item = dtype.itemsize
             strides = _unit_dims_strides(shape, tuple(s * item for s in t.stride()), item)
             if len(known) >= 4096:
                 known.clear()
-            layout = known[key] = (shape, strides, dtype)
-        return (t.data_ptr(),) + layout
+            record = known[key] = _record(shape, strides, dtype)
+        return t.data_ptr(), record
 
     return read
 
 
-def _numba_facts(a):
-    """:func:`layout_facts` of a numba ``DeviceNDArray`` (of numbers or bfloat16, not empty) from its attributes:
-    what its CUDA Array Interface says."""
-    dtype, shape = a.dtype, a.shape
-    plain = _NUMBA_PLAIN.get(dtype)
-    if plain is None:  # (what the interface's typestr reads back as this very dtype)
-        plain = _NUMBA_PLAIN[dtype] = dtype.kind in "biuf" or dtype.name == "bfloat16"
-    if not plain or 0 in shape:
-        return _general_facts(a)
-    strides = a.strides
-    if 1 in shape:
-        strides = _unit_dims_strides(shape, strides, dtype.itemsize)
-    return a.device_ctypes_pointer.value or 0, shape, strides, dtype
+def _numba_record(a):
+    """:func:`layout_record` of a numba ``DeviceNDArray`` (of numbers or bfloat16, not empty) from its attributes:
+    what its CUDA Array Interface says (the record remembered per shape, strides and dtype)."""
+    dtype, shape, strides = a.dtype, a.shape, a.strides
+    record = _NUMBA_KNOWN.get((shape, strides, dtype))
+    if record is None:
+        plain = dtype.kind in "biuf" or dtype.name == "bfloat16"  # (what the interface's typestr reads back as it)
+        if not plain or 0 in shape:
+            return _general_record(a)
+        if len(_NUMBA_KNOWN) >= 4096:
+            _NUMBA_KNOWN.clear()
+        fixed = _unit_dims_strides(shape, strides, dtype.itemsize) if 1 in shape else strides
+        record = _NUMBA_KNOWN[(shape, strides, dtype)] = _record(shape, fixed, dtype)
+    return a.device_ctypes_pointer.value or 0, record
 
 
-_NUMBA_PLAIN = {}
+_NUMBA_KNOWN = {}  # (shape, strides, dtype) -> record
 
 
 # -- arguments ---------------------------------------------------------------------------------------------------
@@ -662,6 +742,7 @@ class TMADescriptor:
 
     _WHO: str  # e.g. "TensorMap"
     _MODE: str  # e.g. "Tiled"
+    _core_stale = False  # (see _attach)
 
     def _take_options(self, swizzle, oob_fill, l2_promotion, interleave, tf32):
         self.swizzle = coerce_enum(Swizzle, swizzle, "swizzle", self._WHO)
@@ -675,14 +756,29 @@ class TMADescriptor:
         self.shape = layout.shape
         self.strides = layout.strides
         self.dtype = layout.dtype
-        self._layout = layout
+        self._layout = layout  # (sets _ptr: see the property)
         self._array = array
         self._numba_type = None
-        self._descriptor = None  # cuda.core TensorMapDescriptor, encoded on first launch
+        self._descriptor = None  # cuda.core TensorMapDescriptor, encoded on first launch through numba
+        self._core_stale = False  # (re-pointed since _descriptor was encoded: its address is replaced on next use)
         self._device_id = None  # the device of the array, known once encoded (checked at launch)
-        self._raw = None  # 128 bytes from cuTensorMapEncode<_MODE>, encoded on first request
+        self._raw = None  # the driver's CUtensorMap (cuTensorMapEncode<_MODE>), encoded on first request
 
     # -- facts -------------------------------------------------------------------------------------
+    @property
+    def _layout(self):
+        """The :class:`ArrayLayout` described now (after a re-point by :meth:`_moved`: made on first use)."""
+        lay = self._layout_now
+        if lay is None:
+            base = self._layout_base
+            lay = self._layout_now = base._shifted(self._ptr - base.ptr)
+        return lay
+
+    @_layout.setter
+    def _layout(self, layout):
+        self._layout_base = self._layout_now = layout
+        self._ptr = layout.ptr
+
     @property
     def rank(self):
         return len(self.shape)
@@ -722,9 +818,9 @@ class TMADescriptor:
     # -- re-pointing -------------------------------------------------------------------------------
     def repoint(self, array):
         """Point this descriptor at another array of exactly the same shape, strides and dtype, without
-        re-encoding it (``cuTensorMapReplaceAddress``, on the encoded descriptors only: the cuda.core one is given
-        the new address as a plain CUDA-array-interface view of the layout just read, not ``array`` itself, whose
-        DLPack export would cost more than the replacement)."""
+        re-encoding it (``cuTensorMapReplaceAddress`` on the driver's encoded ``CUtensorMap``, which prepared launches
+        pass: they see the new address at their next run; the cuda.core descriptor numba's own launches take gets it
+        when it is next used)."""
         layout = array_layout(array)
         if (layout.shape, layout.strides, layout.dtype) != (self.shape, self.strides, self.dtype):
             raise TensorMapError(
@@ -733,13 +829,28 @@ class TMADescriptor:
                 f"{layout.strides}. Build a new {self._WHO} for a different layout."
             )
         check_address(self._WHO, layout, self.interleave)
-        if self._descriptor is not None:
-            self._descriptor.replace_address(_LayoutArray(layout))
-        if self._raw is not None:
-            from cuda.bindings import driver
-
-            check_driver(driver.cuTensorMapReplaceAddress(self._raw, layout.ptr), "cuTensorMapReplaceAddress")
+        self._moved(array, layout.ptr)
         self._layout = layout
+        return self
+
+    def _moved(self, array, ptr):
+        """:meth:`repoint` to ``array`` at address ``ptr`` (the caller has checked that the array has this
+        descriptor's shape, strides and dtype; the address is checked here). The layout object is made when first
+        asked for."""
+        if ptr & 15 or self.interleave is Interleave.B32:
+            lay = self._layout
+            check_address(self._WHO, lay._shifted(ptr - lay.ptr), self.interleave)
+        if self._raw is not None:
+            replace = _replace_address
+            if replace is None:
+                replace = _address_replacer()
+            err = replace(self._raw, ptr)[0]
+            if err:
+                check_driver(err, "cuTensorMapReplaceAddress")
+        if self._descriptor is not None:
+            self._core_stale = True
+        self._ptr = ptr
+        self._layout_now = None
         self._array = array
         return self
 
@@ -772,8 +883,12 @@ class TMADescriptor:
 
     @property
     def descriptor(self):
-        """The ``cuda.core.TensorMapDescriptor`` passed by value at launch (encoded on first use through
-        cuda.core, which calls ``cuTensorMapEncode<mode>``; the launcher accepts only that type by value)."""
+        """The ``cuda.core.TensorMapDescriptor`` numba's own launches pass by value (hook 2; encoded on first use
+        through cuda.core, which calls ``cuTensorMapEncode<mode>``; cuda.core's launcher accepts only that type by
+        value). Prepared launches pass :meth:`driver_tensor_map` instead."""
+        if self._core_stale:  # (re-pointed since encoded: cuda.core replaces the address now)
+            self._descriptor.replace_address(_LayoutArray(self._layout))
+            self._core_stale = False
         if self._descriptor is None:
             from cuda.core._tensor_map import (
                 TensorMapDataType,
@@ -799,20 +914,26 @@ class TMADescriptor:
             )
         return self._descriptor
 
-    def to_bytes(self) -> bytes:
-        """The 128-byte ``CUtensorMap`` (encoded with ``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``),
-        e.g. to store it in global memory (a :class:`numbatma.TensorMapArray`). Needs the CUDA driver."""
+    def driver_tensor_map(self):
+        """The driver's ``CUtensorMap`` (cuda.bindings) of this descriptor, encoded with ``cuTensorMapEncodeTiled`` /
+        ``cuTensorMapEncodeIm2col`` on first use and kept: :meth:`repoint` re-points it in place. What prepared
+        launches pass by value (its 128 bytes, read at each launch) and :meth:`to_bytes` returns. Needs the CUDA
+        driver."""
         if self._raw is None:
             from cuda.bindings import driver
 
             a = self._driver_args()
             encode = "cuTensorMapEncode" + self._MODE
+            # Rank 1 has no global strides, but the driver refuses a NULL array (which is what an empty list
+            # becomes: CUDA_ERROR_INVALID_VALUE, seen on an H100): pass one it does not read (the row's bytes
+            # rounded up to 16, a valid stride if it were read).
+            strides = a["strides"] or (-(-self.shape[0] * self.dtype.itemsize // 16) * 16,)
             err, tmap = getattr(driver, encode)(
                 getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + self.tma_dtype),
                 a["rank"],
                 a["address"],
                 [driver.cuuint64_t(d) for d in a["dims"]],
-                [driver.cuuint64_t(s) for s in a["strides"]],
+                [driver.cuuint64_t(s) for s in strides],
                 *self._encode_mode_args(driver, a),
                 [driver.cuuint32_t(e) for e in a["element_strides"]],
                 getattr(driver.CUtensorMapInterleave, _DRV_INTERLEAVE[self.interleave]),
@@ -822,4 +943,20 @@ class TMADescriptor:
             )
             check_driver(err, encode)
             self._raw = tmap
-        return b"".join(int(w).to_bytes(8, "little") for w in self._raw.opaque)
+        return self._raw
+
+    def to_bytes(self) -> bytes:
+        """The 128-byte ``CUtensorMap`` (encoded with ``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``),
+        e.g. to store it in global memory (a :class:`numbatma.TensorMapArray`). Needs the CUDA driver."""
+        return b"".join(int(w).to_bytes(8, "little") for w in self.driver_tensor_map().opaque)
+
+
+_replace_address = None  # (cuda.bindings' cuTensorMapReplaceAddress, looked up on first use)
+
+
+def _address_replacer():
+    global _replace_address
+    from cuda.bindings import driver
+
+    _replace_address = driver.cuTensorMapReplaceAddress
+    return _replace_address

@@ -65,11 +65,20 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator):
    configuration gets ``programmatic_stream_serialization=True`` (CUDA's
    ``cudaLaunchAttributeProgrammaticStreamSerialization``: the kernel may start before the previous kernel
    on its stream has finished; it waits with ``griddepcontrol.wait``). It composes with hook 8's cluster
-   launches. Prepared launches (:func:`prepare_launch`) build their configuration with :func:`launch_config`
-   and read the same scope themselves. (A prepared launch converts its arguments with
-   ``numba.cuda.dispatcher._Kernel._prepare_args`` once; :meth:`PreparedLaunch.update` patches a replaced array's
-   address into those values at the data pointer's place, the fifth of an array's values - checked against the
-   array's address when prepared, and by ``tests/test_numba_internals.py`` against numba-cuda's source.)
+   launches. Prepared launches (:func:`prepare_launch`) read the same scope themselves and launch dependent
+   through ``cuLaunchKernelEx`` with :func:`launch_config`'s attribute.
+
+Prepared launches (:func:`prepare_launch`, no patching) do once what ``numba.cuda.dispatcher._Kernel.launch`` does
+per launch - the arguments marshalled by ``_Kernel._prepare_args`` (hook 2 in front) - and then what cuda.core's
+``launch`` does with those values, themselves: :class:`KernelParams` lays them out as cuda.core's argument holder
+would (:func:`param_field`; a by-value descriptor as the descriptor's own driver ``CUtensorMap``) and a run is one
+``cuLaunchKernel`` of the compiled ``CUkernel`` (``CudaPythonFunction.handle``, the handle of the cuda.core
+``Kernel`` that ``_Kernel.launch`` launches) on the stream's handle (a numba ``Stream``'s ``handle``; other streams
+through ``numba.cuda.cudadrv.driver._to_core_stream``); a failed launch raises numba's ``CudaAPIError``.
+:meth:`PreparedLaunch.update` patches a replaced array's address at the data pointer's place, the fifth of an
+array's values - checked against the array's address when prepared, and by ``tests/test_numba_internals.py``
+against numba-cuda's source, as are the other names here; where the driver tells the kernel's parameter sizes
+(``cuKernelGetParamInfo``) the layout is checked against them at prepare time.
 
 Accessors (no patching): the numba-cuda private names numbatma's other modules use, so that they import them
 from here only (points listed by :func:`_accessor_points`): :func:`intrinsic`
@@ -94,7 +103,7 @@ TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
 _DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
 _installed = False
 _offline = threading.local()
-_TensorMapType = _TensorMapArrayType = None  # bound by install()
+_TensorMapType = _TensorMapArrayType = _DeviceView = None  # bound by install()
 
 
 def numba_cuda_version():
@@ -176,7 +185,7 @@ def _prepare_numbatma_arg(ty, val, kernelargs):
         desc = getattr(val, "_descriptor", _MISSING)
         if desc is _MISSING:
             _wrong_argument(ty, val)
-        if desc is None:
+        if desc is None or val._core_stale:  # (not encoded yet, or re-pointed since)
             desc = val.descriptor
         if getattr(val, "_device_id", None) is not None:
             _check_device(val, ty)
@@ -312,149 +321,427 @@ def max_active_clusters(dispatcher, args, block, shared_mem, dims):
     return int(count)
 
 
-def launch_config(grid, block, shared_mem, dependent=False):
-    """The ``cuda.core.LaunchConfig`` of a prepared launch: ``grid`` and ``block`` (ints or tuples of 1-3 ints)
-    as 3-tuples, ``shared_mem`` bytes of dynamic shared memory, and with ``dependent`` the programmatic stream
-    serialization attribute (programmatic dependent launch). Builds nothing else, needs no GPU."""
-    from cuda.core import LaunchConfig
+def _dims3(d):
+    """A grid or block (an int, or a tuple of 1-3 ints) as three ints."""
+    if isinstance(d, tuple):
+        return tuple(int(x) for x in d) + (1,) * (3 - len(d))
+    return int(d), 1, 1
 
-    as_tuple = (lambda d: tuple(d) + (1,) * (3 - len(d)) if isinstance(d, tuple) else (int(d), 1, 1))
-    return LaunchConfig(grid=as_tuple(grid), block=as_tuple(block), shmem_size=int(shared_mem),
-                        programmatic_stream_serialization=bool(dependent))
+
+def launch_config(grid, block, shared_mem, dependent=False, stream=None):
+    """The driver's ``CUlaunchConfig`` (``cuLaunchKernelEx``) of a prepared launch: ``grid`` and ``block`` (ints or
+    tuples of 1-3 ints), ``shared_mem`` bytes of dynamic shared memory, with ``dependent`` the programmatic stream
+    serialization attribute (programmatic dependent launch), on ``stream`` (a ``CUstream``; None: the legacy default
+    stream). Builds nothing else, needs no GPU."""
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = _dims3(grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = _dims3(block)
+    config.sharedMemBytes = int(shared_mem)
+    if dependent:
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attribute]
+        config.numAttrs = 1
+    if stream is not None:
+        config.hStream = stream
+    return config
 
 
 def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, scoped=True, sources=None):
     """A :class:`PreparedLaunch`: ``run(stream=0)`` launches ``dispatcher`` with ``args`` exactly as
     ``dispatcher[grid, block, stream, shared_mem](*args)`` would, with the arguments converted once: numba's
-    per-launch work (argument typing, overload lookup, marshalling of every argument) is skipped. None where
-    that cannot be done faithfully (a debug or cooperative kernel, an argument numba copies back after the launch).
-    With ``dependent``, every run is a programmatic dependent launch (:func:`launch_config`); without it, a run
-    made inside :func:`dependent_launch` (hook 11) is one - unless ``scoped`` is False. ``sources``: the arguments
-    as the caller holds them (``args`` is them as a launch passes them, e.g. a ``DeviceView``'s numba array), what
-    :meth:`PreparedLaunch.update` compares with; default ``args``."""
-    from cuda.core import launch
-    from numba.cuda.cudadrv.driver import _to_core_stream
+    per-launch work (argument typing, overload lookup, marshalling of every argument) and cuda.core's (its
+    argument holder, launch configuration and stream objects) are skipped, a run is one ``cuLaunchKernel``.
+    None where that cannot be done faithfully (a debug or cooperative kernel, an argument numba copies back after
+    the launch, a marshalled value of a kind :class:`KernelParams` does not lay out). With ``dependent``, every run
+    is a programmatic dependent launch (``cuLaunchKernelEx`` with :func:`launch_config`'s attribute); without it, a
+    run made inside :func:`dependent_launch` (hook 11) is one - unless ``scoped`` is False. ``sources``: the
+    arguments as the caller holds them (``args`` is them as a launch passes them, e.g. a ``DeviceView``'s numba
+    array), what :meth:`PreparedLaunch.update` compares with; default ``args``.
 
+    The arguments are marshalled by numba-cuda's own ``_Kernel._prepare_args`` (hook 2 for descriptors), then laid
+    out once in a :class:`KernelParams` block; where the driver tells the kernel's parameter sizes
+    (``cuKernelGetParamInfo``, CUDA 12.4+) they are checked against that layout now, so a layout numba-cuda
+    changed fails here, loudly, not at the launch."""
     kernel = compiled_kernel(dispatcher, args)
     if kernel.debug or getattr(kernel, "cooperative", False):
         return None
     _ensure_dynamic_smem(kernel, shared_mem)
     dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
-    if dims is not None:
+    if dims is not None:  # (compiled cluster shape: the driver takes it from the kernel; no launch attribute)
         check_grid(grid, dims)
     sources = tuple(args if sources is None else sources)
-    kernelargs, writeback, slots = [], [], []
+    kernelargs, writeback, slots, descriptors = [], [], [], {}
     for ty, value, source in zip(kernel.argument_types, args, sources):
         start = len(kernelargs)
         kernel._prepare_args(ty, value, 0, writeback, kernelargs)
-        slots.append(_argument_slot(ty, source, kernelargs, start))
+        slot = _argument_slot(ty, source, kernelargs, start)
+        if slot[0] == "descriptor":
+            if slot[2] - start != 1:
+                return None
+            descriptors[start] = value.driver_tensor_map()  # (what the launch passes: see KernelParams)
+        slots.append(slot)
     if writeback:  # (a host array: numba copies it to the device and back around each launch)
         return None
-    configs = (launch_config(grid, block, shared_mem, dependent), launch_config(grid, block, shared_mem, True))
+    params = KernelParams.build(kernelargs, descriptors)
+    if params is None:
+        return None
+    cufunc = kernel._codelibrary.get_cufunc()
+    check_params(kernel, cufunc.handle, params, slots)
+    from cuda.bindings import driver
+
     run = PreparedLaunch()
-    run.dispatcher, run.kernel, run.function = dispatcher, kernel, kernel._codelibrary.get_cufunc().kernel
-    run.configs, run.scoped, run.slots = configs, scoped, tuple(slots)
-    run.sources, run.kernelargs, run.keep_alive = sources, tuple(kernelargs), (args, sources)
-    run._launch, run._to_core_stream = launch, _to_core_stream
-    run._default_stream = _to_core_stream(0)
-    run._stream_memo = (None, None)
+    run.dispatcher, run.kernel, run.function = dispatcher, kernel, driver.CUfunction(int(cufunc.handle))
+    run.grid, run.block, run.shared_mem = _dims3(grid), _dims3(block), int(shared_mem)
+    run.dependent, run.scoped, run.slots, run.params = bool(dependent), scoped, tuple(slots), params
+    run.sources = run.keep_alive = sources
+    run._launch, run._launch_ex = driver.cuLaunchKernel, driver.cuLaunchKernelEx
+    run._stream_memo = run._dependent_memo = (None, None)
     return run
 
 
 class PreparedLaunch:
     """A prepared launch (:func:`prepare_launch`): ``run(stream=0)`` launches; :meth:`update` re-points it at other
-    arguments of the same types. Per run: the configuration (dependent or not), the stream as cuda.core takes it
-    (the last one converted is kept: the same stream object again costs nothing) and cuda.core's ``launch``."""
+    arguments of the same types. Per run: the stream's ``CUstream`` (the last stream converted is kept: the same
+    stream object again costs nothing) and ``cuLaunchKernel`` with the parameter block built once
+    (:class:`KernelParams`); a dependent run (``dependent``, or ``scoped`` inside :func:`dependent_launch`)
+    ``cuLaunchKernelEx`` with the programmatic stream serialization attribute.
 
-    __slots__ = ("dispatcher", "kernel", "function", "configs", "scoped", "slots", "sources", "kernelargs",
-                 "keep_alive", "_launch", "_to_core_stream", "_default_stream", "_stream_memo")
+    ``stream``: what numba's launch takes (0, a numba stream, a cuda.core stream) or a raw ``CUstream`` handle (an
+    int). A descriptor argument is passed from the descriptor's own encoded ``CUtensorMap``
+    (:meth:`numbatma.TensorMap.driver_tensor_map`): re-pointing it in place is seen by the next run."""
+
+    __slots__ = ("dispatcher", "kernel", "function", "grid", "block", "shared_mem", "dependent", "scoped", "slots",
+                 "params", "sources", "keep_alive", "_launch", "_launch_ex", "_stream_memo", "_dependent_memo")
 
     def __call__(self, stream=0):
-        config = self.configs[self.scoped and getattr(_dependent, "on", False)]  # (``dependent``: both are)
-        if not stream:
-            core = self._default_stream
+        seen, handle = self._stream_memo
+        if seen is not stream:
+            handle = cu_stream(stream)
+            self._stream_memo = (stream, handle)
+        if self.dependent or self.scoped and getattr(_dependent, "on", False):
+            seen, config = self._dependent_memo
+            if seen is not handle:
+                config = launch_config(self.grid, self.block, self.shared_mem, True, handle)
+                self._dependent_memo = (handle, config)
+            err = self._launch_ex(config, self.function, self.params.address, 0)[0]
         else:
-            seen, core = self._stream_memo
-            if seen is not stream:
-                core = self._to_core_stream(stream)
-                self._stream_memo = (stream, core)
-        self._launch(core, config, self.function, *self.kernelargs)
+            grid, block = self.grid, self.block
+            err = self._launch(self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                               self.shared_mem, handle, self.params.address, 0)[0]
+        if err:
+            _launch_failed(err, self)
 
     def update(self, sources):
         """Re-point this launch at ``sources`` (the arguments, as given to :func:`prepare_launch`, some of them
         replaced) without preparing it again: an array replaced by one of the same shape, byte strides and dtype
-        gets its address patched into the converted arguments, a descriptor replaced by one of the same type is
-        converted, a scalar of the same type is converted. Returns True, or False (nothing changed) where it cannot:
-        another type or layout, an argument kind it does not patch; then prepare again."""
-        sources = tuple(sources)
+        gets its address patched into the parameter block, a descriptor replaced by one of the same type is passed
+        instead (its own ``CUtensorMap``), a scalar of the same type is written. Returns True, or False (nothing
+        changed) where it cannot: another type or layout, an argument kind it does not patch; then prepare again."""
+        if type(sources) is not tuple:
+            sources = tuple(sources)
         if len(sources) != len(self.sources):
             return False
-        patches = []
+        patches = None
         for new, old, slot in zip(sources, self.sources, self.slots):
             if new is old:
                 continue
-            kind, start, stop, ty, layout = slot
-            if kind == "scalar" and type(new) is type(old) and new == old:
+            kind = slot[0]
+            if kind == "array":
+                ptr = _array_address(new, old, slot)
+                if ptr is None:
+                    return False
+                writes = ((slot[1] + _ARRAY_PTR, ptr),)
+            elif kind == "scalar" and type(new) is type(old) and new == old:
                 continue
-            values = _patched_slot(self, slot, new)
-            if values is None:
-                return False
-            patches.append((start, stop, values))
+            else:
+                values = _patched_slot(self, slot, new)
+                writes = None if values is None else self.params.writes(slot[1], values)
+                if writes is None:
+                    return False
+            if patches is None:
+                patches = list(writes)
+            else:
+                patches += writes
         if patches:
-            kernelargs = list(self.kernelargs)
-            for start, stop, values in patches:
-                kernelargs[start:stop] = values
-            self.kernelargs = tuple(kernelargs)
-        self.sources = self.keep_alive = sources  # (the converted arguments are addresses into these)
+            fields, pointers, held = self.params.fields, self.params.pointers, self.params.held
+            for at, value in patches:
+                field = fields[at]
+                if field is not None:  # (an array's address, a scalar)
+                    field.value = value
+                else:  # (a by-value descriptor: its CUtensorMap)
+                    held[at] = value
+                    pointers[at] = value.getPtr()
+        self.sources = self.keep_alive = sources  # (the parameter block holds addresses into these)
         return True
+
+
+def cu_stream(stream):
+    """The ``CUstream`` (cuda.bindings) of a stream as a prepared run takes it: 0 / None, a numba stream, what
+    numba's launch accepts besides (a cuda.core stream: ``_to_core_stream``), or a raw handle (an int)."""
+    from cuda.bindings import driver
+
+    if not stream:
+        return driver.CUstream(0)
+    if type(stream) is int:
+        return driver.CUstream(stream)
+    from numba.cuda.cudadrv.driver import Stream, _to_core_stream
+
+    if isinstance(stream, Stream):
+        return driver.CUstream(int(stream.handle or 0))
+    return driver.CUstream(int(_to_core_stream(stream).handle))
+
+
+def _launch_failed(err, run):
+    from cuda.bindings import driver
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    try:
+        _, text = driver.cuGetErrorString(err)
+    except Exception:  # noqa: BLE001 - (the error's name says enough)
+        text = None
+    name = getattr(run.dispatcher, "__name__", None) or getattr(getattr(run.dispatcher, "py_func", None),
+                                                                  "__name__", "kernel")
+    raise CudaAPIError(err, f"launching {name} (grid {run.grid}, block {run.block}, {run.shared_mem} bytes of "
+                            f"dynamic shared memory) failed: {getattr(err, 'name', err)}: "
+                            f"{text.decode() if text else ''}")
+
+
+# -- the kernel parameter block -----------------------------------------------------------------------------------
+_PARAM_CTYPES = (ctypes.c_bool, ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint8,
+                 ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_float, ctypes.c_double)
+_NUMPY_CTYPES = {"?": ctypes.c_bool, "b": ctypes.c_int8, "h": ctypes.c_int16, "i": ctypes.c_int32,
+                 "l": ctypes.c_int64, "q": ctypes.c_int64, "B": ctypes.c_uint8, "H": ctypes.c_uint16,
+                 "I": ctypes.c_uint32, "L": ctypes.c_uint64, "Q": ctypes.c_uint64, "f": ctypes.c_float,
+                 "d": ctypes.c_double, "e": ctypes.c_uint16}
+
+
+def param_field(value):
+    """``(ctypes type, value)``: how a value numba's marshalling produced travels as a kernel parameter - cuda.core's
+    ``launch`` rules (its ``ParamHolder``), which numba-cuda's own launches go through: a Python bool as a C++
+    bool, an int as a 64-bit integer (pointers, sizes, shapes, strides), a float as a double, a ctypes scalar as
+    itself, a NumPy scalar as its own type (float16 as its bits). None for anything else (complex numbers,
+    cuda.core buffers, records): such a launch is not prepared."""
+    if isinstance(value, bool):  # (a C++ bool, as cuda.core's ParamHolder; numba's boolean arguments)
+        return ctypes.c_bool, value
+    if isinstance(value, int):
+        return ctypes.c_uint64, int(value) & 0xFFFF_FFFF_FFFF_FFFF
+    if isinstance(value, float):
+        return ctypes.c_double, value
+    if isinstance(value, ctypes._SimpleCData):
+        for ctype in _PARAM_CTYPES:
+            if isinstance(value, ctype):
+                return ctype, value.value
+        return None
+    import numpy as np
+
+    if not isinstance(value, np.generic):
+        return None
+    ctype = _NUMPY_CTYPES.get(value.dtype.char)
+    if ctype is None:
+        return None
+    if value.dtype.char == "e":  # (float16: its bits, as cuda.core's __half_raw)
+        return ctype, int(value.view(np.uint16))
+    return ctype, value.item()
+
+
+class KernelParams:
+    """The parameter block of a prepared launch, built once: every value numba marshalled (an array's meminfo,
+    parent, size, itemsize, data pointer, shape and strides; scalars) in one ctypes buffer, each as a ctypes field
+    that :meth:`PreparedLaunch.update` writes in place, and the ``void*[]`` array the driver reads (``address``):
+    entry ``i`` points at value ``i``'s bytes, or for a by-value descriptor at the descriptor's own encoded
+    ``CUtensorMap`` (128 bytes; re-pointing it in place needs nothing here). ``sizes``: the bytes behind each entry;
+    ``exact``: whether the kernel's parameter must be exactly that size (a Python int, 8 bytes, may fill a smaller
+    integer parameter, as with cuda.core's launch)."""
+
+    __slots__ = ("storage", "pointers", "address", "fields", "sizes", "exact", "held")
+
+    @classmethod
+    def build(cls, values, descriptors=None):
+        """The block of the marshalled ``values``; ``descriptors``: {index: the ``CUtensorMap`` passed at that index
+        (instead of ``values[index]``)}. None when a value is of a kind :func:`param_field` does not lay out."""
+        descriptors = descriptors or {}
+        layout, offset = [], 0
+        for i, value in enumerate(values):
+            if i in descriptors:
+                layout.append(None)
+                continue
+            field = param_field(value)
+            if field is None:
+                return None
+            size = ctypes.sizeof(field[0])
+            offset = -(-offset // size) * size  # (natural alignment)
+            layout.append((field, offset))
+            offset += size
+        self = cls()
+        self.storage = ctypes.create_string_buffer(max(offset, 8))
+        self.pointers = (ctypes.c_void_p * max(len(values), 1))()
+        self.address = ctypes.addressof(self.pointers) if values else 0
+        self.fields, self.sizes, self.exact, self.held = [], [], [], {}
+        base = ctypes.addressof(self.storage)
+        for i, entry in enumerate(layout):
+            if entry is None:
+                tensor_map = descriptors[i]
+                self.held[i] = tensor_map
+                self.pointers[i] = tensor_map.getPtr()
+                self.fields.append(None)
+                self.sizes.append(128)
+                self.exact.append(True)
+                continue
+            (ctype, value), offset = entry
+            field = ctype.from_buffer(self.storage, offset)
+            field.value = value
+            self.pointers[i] = base + offset
+            self.fields.append(field)
+            self.sizes.append(ctypes.sizeof(ctype))
+            self.exact.append(not (ctype is ctypes.c_uint64 and isinstance(values[i], int)))
+        return self
+
+    def writes(self, start, values):
+        """``[(entry, what), ...]``: how to write ``values`` (marshalled as at :meth:`build`) at entries ``start...``:
+        a field's new value, or for a by-value descriptor its ``CUtensorMap``; None where a value is of another kind
+        than its entry (nothing can be patched then)."""
+        fields, out = self.fields, []
+        for i, value in enumerate(values, start):
+            if i >= len(fields):
+                return None
+            if fields[i] is None:
+                if not hasattr(value, "getPtr"):
+                    return None
+                out.append((i, value))
+                continue
+            field = param_field(value)
+            if field is None or field[0] is not type(fields[i]):
+                return None
+            out.append((i, field[1]))
+        return out
+
+    def value_bytes(self, i):
+        """The bytes the driver reads for parameter ``i`` (for checks and tests)."""
+        return ctypes.string_at(self.pointers[i], self.sizes[i])
+
+
+def kernel_param_sizes(kernel, handle):
+    """The sizes of the compiled kernel's parameters, as the driver lays them out (``cuKernelGetParamInfo`` on the
+    ``CUkernel`` ``handle``), remembered on the kernel; None where the driver cannot tell (before CUDA 12.4)."""
+    sizes = getattr(kernel, "_numbatma_param_sizes", _MISSING)
+    if sizes is not _MISSING:
+        return sizes
+    from cuda.bindings import driver
+
+    get = getattr(driver, "cuKernelGetParamInfo", None)
+    invalid, ok = driver.CUresult.CUDA_ERROR_INVALID_VALUE, driver.CUresult.CUDA_SUCCESS
+    sizes = [] if get is not None else None
+    while sizes is not None:
+        try:
+            err, _, size = get(handle, len(sizes))
+        except Exception:  # noqa: BLE001 - (a driver without the entry point)
+            sizes = None
+            break
+        if err == invalid and sizes:  # (past the last parameter)
+            break
+        if err != ok or len(sizes) > 65536:
+            sizes = None
+            break
+        sizes.append(int(size))
+    try:
+        kernel._numbatma_param_sizes = sizes
+    except AttributeError:  # (a kernel object that takes no attributes: asked again next time)
+        pass
+    return sizes
+
+
+def check_params(kernel, handle, params, slots):
+    """Raise RuntimeError where the parameter block does not fit the kernel's parameters as the driver lays them
+    out (their count, and each one's size); nothing where the driver cannot tell. A kernel without parameters
+    (``cuKernelGetParamInfo`` answers INVALID_VALUE for index 0) is not checked either."""
+    sizes = kernel_param_sizes(kernel, handle)
+    if sizes is None:
+        return
+    have = params.sizes
+    bad = len(sizes) != len(have) or any(
+        want != got if exact else want > got for want, got, exact in zip(sizes, have, params.exact))
+    if bad:
+        owners = []
+        for slot in slots:
+            owners += [str(slot[3])] * (slot[2] - slot[1])
+        detail = ", ".join(f"{o}: {g} bytes" for o, g in zip(owners, have))
+        raise RuntimeError(
+            f"numbatma's prepared launch laid out {len(have)} kernel parameters ({detail}) but the compiled kernel "
+            f"takes {len(sizes)} of {list(sizes)} bytes: numba-cuda marshals arguments differently from what "
+            f"numbatma/_numba_internals.py expects (tested with numba-cuda {'.'.join(map(str, TESTED_RANGE[0]))}).")
 
 
 _ARRAY_PTR = 4  # numba's array argument: meminfo, parent, size, itemsize, data pointer, shape..., strides...
 
 
 def _argument_slot(ty, source, kernelargs, start):
-    """How argument ``source`` (typed ``ty``) sits in ``kernelargs[start:]``: (kind, start, stop, ty, layout)."""
+    """How argument ``source`` (typed ``ty``) sits in ``kernelargs[start:]``: (kind, start, stop, ty, layout, record);
+    for an array ``layout`` is (shape, byte strides, the dtype as a kernel sees it) and ``record`` the interned layout
+    record of ``source`` (:func:`numbatma.layout_record`; None for a view), else both None."""
     from numba.cuda import types
 
     stop = len(kernelargs)
     cls = type(ty)
     if cls is _TensorMapType or getattr(cls, "by_value_descriptor", False):
-        return ("descriptor", start, stop, ty, None)
+        return ("descriptor", start, stop, ty, None, None)
     if isinstance(ty, types.Array) and stop - start == _ARRAY_PTR + 1 + 2 * ty.ndim:
-        layout = _array_facts(source)
-        if layout is not None and kernelargs[start + _ARRAY_PTR] == layout[0]:
-            return ("array", start, stop, ty, layout[1:])
-    elif isinstance(ty, (types.Integer, types.Float, types.Boolean)):
-        return ("scalar", start, stop, ty, None)
-    return ("other", start, stop, ty, None)
+        facts = _array_facts(source)
+        if facts is not None and kernelargs[start + _ARRAY_PTR] == facts[0]:
+            return ("array", start, stop, ty, facts[1], facts[2])
+    elif isinstance(ty, (types.Integer, types.Float, types.Boolean, types.Complex)):
+        return ("scalar", start, stop, ty, None, None)
+    return ("other", start, stop, ty, None, None)
 
 
 def _array_facts(array):
-    """(ptr, shape, byte strides, the dtype as a kernel sees it) of an array argument, or None."""
-    from ._descriptor_base import bits_dtype, layout_facts
+    """(ptr, (shape, byte strides, the dtype as a kernel sees it), interned record or None) of an array argument
+    (a :class:`numbatma.DeviceView`: its own layout), or None."""
+    from ._descriptor_base import DeviceView, bits_dtype, layout_record
 
     try:
-        ptr, shape, strides, dtype = layout_facts(array)
+        if type(array) is DeviceView:  # (a plan's views: their layout as it is)
+            lay = array.layout
+            return lay.ptr, (lay.shape, lay.strides, bits_dtype(lay.dtype)), None
+        ptr, record = layout_record(array)
     except Exception:  # noqa: BLE001 - not an array numbatma reads: not patched
         return None
-    return ptr, shape, strides, bits_dtype(dtype)
+    return ptr, (record[0], record[1], bits_dtype(record[2])), record
+
+
+def _array_address(new, old, slot):
+    """The address of ``new``, replacing ``old`` in the array slot ``slot``, when its layout is the slot's; else
+    None. Cheap for what re-pointing makes: a view re-made from the old one (the same shape, strides and dtype
+    objects) and an array of the same interned layout record."""
+    if type(new) is _DeviceView:
+        if type(old) is _DeviceView and new._base is old._base:  # (re-made from it: only the address differs)
+            return new._ptr
+    elif slot[5] is not None:
+        from ._descriptor_base import layout_record
+
+        try:
+            ptr, record = layout_record(new)
+        except Exception:  # noqa: BLE001 - not an array numbatma reads
+            return None
+        if record is slot[5]:
+            return ptr
+    facts = _array_facts(new)
+    return facts[0] if facts is not None and facts[1] == slot[4] else None
 
 
 def _patched_slot(run, slot, new):
-    """``kernelargs[start:stop]`` for the argument ``new`` in ``slot`` of ``run``, or None (cannot patch)."""
-    kind, start, stop, ty, layout = slot
-    if kind == "array":
-        facts = _array_facts(new)
-        if facts is None or facts[1:] != layout:
-            return None
-        values = list(run.kernelargs[start:stop])
-        values[_ARRAY_PTR] = facts[0]
-        return values
+    """The marshalled values of the argument ``new`` in ``slot`` of ``run`` (a descriptor: its ``CUtensorMap``),
+    or None (cannot patch)."""
+    kind, start, stop, ty = slot[:4]
     values = []
     if kind == "descriptor":
         if getattr(new, "numba_type", None) != ty:
             return None
-        _prepare_numbatma_arg(ty, new, values)
+        _prepare_numbatma_arg(ty, new, values)  # (the checks of a launch: the argument's kind, its device)
+        values = [new.driver_tensor_map()]
     elif kind == "scalar":
         try:
             same_type = run.dispatcher.typeof_pyval(new) == ty
@@ -1199,13 +1486,14 @@ def _hook_points():
 def install():
     """Install the GPU path's hooks (1-6, 8-9, 11, and 10 in debug mode; the simulator's is
     :func:`install_simulator`). Idempotent."""
-    global _installed, _TensorMapType, _TensorMapArrayType
+    global _installed, _TensorMapType, _TensorMapArrayType, _DeviceView
     if _installed:
         return
     check_version()
+    from ._descriptor_base import DeviceView
     from ._types import TensorMapArrayType, TensorMapType
 
-    _TensorMapType, _TensorMapArrayType = TensorMapType, TensorMapArrayType
+    _TensorMapType, _TensorMapArrayType, _DeviceView = TensorMapType, TensorMapArrayType, DeviceView
     for label, (owner, attr) in _hook_points().items():
         if not callable(getattr(owner, attr, None)):
             raise ImportError(f"numbatma: numba-cuda no longer has {label}; this numba-cuda is not supported.")

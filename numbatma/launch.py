@@ -1,9 +1,11 @@
 """Prepared launches (arguments converted once) and programmatic dependent launches.
 
 A launch through numba-cuda (``kernel[grid, block, stream, smem](*args)``) types every argument, looks up the
-compiled overload and marshals each argument again, every time: tens of microseconds of host time, which is
-longer than a small GEMM runs. A plan that launches the same kernel with the same arguments again and again
-(every kernel of :mod:`numbatma.kernels`) prepares the launch once instead.
+compiled overload and marshals each argument again, every time, then has cuda.core build its argument holder and
+launch configuration: tens of microseconds of host time, which is longer than a small GEMM runs. A plan that
+launches the same kernel with the same arguments again and again (every kernel of :mod:`numbatma.kernels`)
+prepares the launch once instead: the arguments marshalled into a kernel parameter block, each run one
+``cuLaunchKernel`` (``numbatma/_numba_internals.py``: ``prepare_launch``, ``KernelParams``).
 
 A *dependent* launch (programmatic dependent launch, compute capability 9.0+: CUDA's launch attribute
 programmatic stream serialization) lets a kernel start before the kernel ahead of it on the stream has
@@ -28,17 +30,19 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     ``shared_mem`` bytes of dynamic shared memory and the arguments ``args`` (compiling it now if needed).
 
     The arguments are converted now: arrays are passed by their current address and shape, descriptors by
-    their current contents, scalars by value (a :class:`numbatma.DeviceView` as its numba device array). Prepare
-    again when any of them changes (a new array, a re-pointed TensorMap, another scalar) - or, on the GPU path,
+    their own encoded bytes (read at every run), scalars by value (a :class:`numbatma.DeviceView` as its numba
+    device array). Prepare again when any of them changes (a new array, another scalar) - or, on the GPU path,
     call ``run.update(new_args)``: it patches the arrays replaced by others of the same layout (their address),
-    descriptors replaced by others of the same type and scalars of the same type into the converted arguments and
+    descriptors replaced by others of the same type and scalars of the same type into the parameter block and
     returns True, or returns False (nothing changed) where it cannot; a descriptor re-pointed in place
     (:meth:`numbatma.TensorMap.repoint`) needs neither. Writing new data into the same arrays needs nothing. The
-    prepared launch keeps ``args`` alive. Under the CUDA simulator, in debug builds, and for host (NumPy) array
-    arguments it simply launches through numba each time (and has no ``update``).
+    prepared launch keeps ``args`` alive. ``run(stream)`` takes what numba's launch takes (and, prepared, a raw
+    ``CUstream`` handle: an int). Under the CUDA simulator, in debug builds, for host (NumPy) array arguments and
+    for an argument the parameter block does not lay out (a complex Python number, a record) it simply launches
+    through numba each time (and has no ``update``).
 
-    ``dependent=True``: every run is a programmatic dependent launch (the ``cuda.core.LaunchConfig`` gets
-    ``programmatic_stream_serialization=True``): the kernel may start before the previous kernel on ``stream``
+    ``dependent=True``: every run is a programmatic dependent launch (``cuLaunchKernelEx`` with the programmatic
+    stream serialization attribute): the kernel may start before the previous kernel on ``stream``
     has finished, and must call ``griddepcontrol_wait()`` before it reads (or overwrites) what that kernel
     writes. A run made inside :func:`dependent_launch` is dependent too, unless ``scoped=False`` (what the plans of
     :mod:`numbatma.kernels` use: their kernels do not call ``griddepcontrol_wait`` yet, so they must never launch
@@ -54,26 +58,17 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
         if run is not None:
             return run
 
-    if dependent and not SIMULATING:
-        from ._numba_internals import dependent_launch as scope
-
+    if SIMULATING or scoped and not dependent:
         def run(stream=0):
-            with scope():
-                kernel[grid, block, stream, shared_mem](*args)
+            kernel[grid, block, stream, shared_mem](*args)
 
         return run
 
-    if not scoped and not SIMULATING:
-        from ._numba_internals import dependent_launch as scope
+    from ._numba_internals import dependent_launch as scope
 
-        def run(stream=0):
-            with scope(False):
-                kernel[grid, block, stream, shared_mem](*args)
-
-        return run
-
-    def run(stream=0):
-        kernel[grid, block, stream, shared_mem](*args)
+    def run(stream=0):  # (dependent: inside hook 11's scope; not scoped: out of any enclosing one)
+        with scope(bool(dependent)):
+            kernel[grid, block, stream, shared_mem](*args)
 
     return run
 

@@ -38,6 +38,7 @@ from ._descriptor_base import (  # noqa: F401  (the public names are exported fr
     host_view,
     int_tuple,
     layout_facts,
+    layout_record,
     numba_dtype,
     shape_str,
     validate_layout,
@@ -60,6 +61,7 @@ __all__ = [
     "layout_view",
     "DeviceView",
     "layout_facts",
+    "layout_record",
 ]
 
 _MAX_BOX = 256

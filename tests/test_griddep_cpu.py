@@ -1,9 +1,10 @@
 """CPU tests of programmatic dependent launch (PDL): both grid-dependency intrinsics compile to their exact PTX
 and link through nvJitLink for every target (sm_90a, sm_100a, sm_120a all have them); the SASS has them in
 program order, with the dependent kernel's global loads after the wait; the host side: ``prepare_launch(...,
-dependent=True)`` builds a ``cuda.core.LaunchConfig`` with ``programmatic_stream_serialization=True`` (the launch
-itself intercepted), ``numbatma.dependent_launch()`` does the same for prepared runs and for launches through
-numba (hook 11); the GPU test kernels compile offline."""
+dependent=True)`` launches through ``cuLaunchKernelEx`` with the programmatic stream serialization attribute (the
+driver calls intercepted), ``numbatma.dependent_launch()`` does the same for prepared runs and for launches through
+numba (hook 11: cuda.core's ``LaunchConfig`` gets ``programmatic_stream_serialization=True``); the GPU test kernels
+compile offline."""
 import types as pytypes
 
 import pytest
@@ -124,42 +125,45 @@ class _Recorder:
 @pytest.fixture
 def offline_launch(monkeypatch):
     """``_numba_internals.prepare_launch`` with everything that needs a GPU replaced: the compiled kernel (a
-    stand-in with numba's ``_Kernel`` attributes), the dynamic shared-memory attribute, the stream conversion
-    and cuda.core's ``launch``; the real ``cuda.core.LaunchConfig`` is built."""
-    import cuda.core
-    from numba.cuda.cudadrv import driver
+    stand-in with numba's ``_Kernel`` attributes whose arguments numba-cuda's own ``_prepare_args`` marshals), the
+    dynamic shared-memory attribute and the driver's launch calls (tests/fakes.py's FakeDriver)."""
+    from fakes import FakeDriver, OfflineKernel
 
-    recorder = _Recorder()
-    kernel = pytypes.SimpleNamespace(
-        debug=False, cooperative=False, launch_bounds=None, argument_types=(types.float32, types.int32),
-        _prepare_args=lambda ty, value, stream, retr, kernelargs: kernelargs.append((str(ty), value)),
-        _codelibrary=pytypes.SimpleNamespace(get_cufunc=lambda: pytypes.SimpleNamespace(kernel="the-cufunc")),
-    )
-    monkeypatch.setattr(cuda.core, "launch", recorder)
-    monkeypatch.setattr(driver, "_to_core_stream", lambda s: ("core-stream", s))
+    kernel = OfflineKernel((types.float32, types.int32))
+    driver = FakeDriver([4, 4]).install(monkeypatch)
     monkeypatch.setattr(internals, "compiled_kernel", lambda dispatcher, args: kernel)
     monkeypatch.setattr(internals, "_ensure_dynamic_smem", lambda k, nbytes: None)
-    return kernel, recorder
+    return kernel, driver
+
+
+def _params(*values):
+    import struct
+
+    return tuple(struct.pack("<" + fmt, v) for fmt, v in values)
 
 
 @pytest.mark.parametrize("dependent", [False, True])
 def test_prepare_launch_sets_programmatic_stream_serialization(offline_launch, dependent):
-    kernel, recorder = offline_launch
+    kernel, driver = offline_launch
     run = numbatma.prepare_launch(object(), (1.5, 7), (4, 2), 128, 1024, dependent=dependent)
     run()
+    run(5)  # (a raw stream handle)
     run(5)
-    assert len(recorder.calls) == 2
-    (s0, config, function, args), (s1, config1, _, _) = recorder.calls
-    assert (s0, s1) == (("core-stream", 0), ("core-stream", 5))
-    assert function == "the-cufunc" and args == (("float32", 1.5), ("int32", 7))
-    assert config is config1  # (built once, at prepare time)
-    assert config.programmatic_stream_serialization is dependent
-    assert (config.grid, config.block, config.shmem_size) == ((4, 2, 1), (128, 1, 1), 1024)
-    assert config.cluster is None and config.is_cooperative is False
+    assert len(driver.calls) == 3
+    first, second, third = driver.calls
+    assert (first["stream"], second["stream"], third["stream"]) == (0, 5, 5)
+    for call in driver.calls:
+        assert call["function"] == kernel.handle and call["params"] == _params(("f", 1.5), ("i", 7))
+        assert call["dependent"] is dependent
+        assert (call["grid"], call["block"], call["shared_mem"]) == ((4, 2, 1), (128, 1, 1), 1024)
+    if dependent:  # (the launch configuration is built once per stream)
+        config = run._dependent_memo[1]
+        run(5)
+        assert run._dependent_memo[1] is config and driver.calls[-1]["stream"] == 5
 
 
 def test_prepared_run_inside_dependent_launch_is_dependent(offline_launch):
-    kernel, recorder = offline_launch
+    kernel, driver = offline_launch
     run = numbatma.prepare_launch(object(), (1.5, 7), 4, 128)
     run()
     with numbatma.dependent_launch():
@@ -167,18 +171,29 @@ def test_prepared_run_inside_dependent_launch_is_dependent(offline_launch):
         with numbatma.dependent_launch(False):
             run()
     run()
-    assert [c[1].programmatic_stream_serialization for c in recorder.calls] == [False, True, False, False]
+    assert [c["dependent"] for c in driver.calls] == [False, True, False, False]
     explicit = numbatma.prepare_launch(object(), (1.5, 7), 4, 128, dependent=True)
     with numbatma.dependent_launch(False):
         explicit()  # (dependent=True holds whatever the scope says)
-    assert recorder.calls[-1][1].programmatic_stream_serialization is True
+    assert driver.calls[-1]["dependent"] is True
+    unscoped = numbatma.prepare_launch(object(), (1.5, 7), 4, 128, scoped=False)
+    with numbatma.dependent_launch():
+        unscoped()  # (scoped=False: the scope does not reach it)
+    assert driver.calls[-1]["dependent"] is False
 
 
 def test_launch_config_builds_without_a_gpu():
-    config = internals.launch_config((3,), (32, 4), 0, dependent=True)
-    assert config.programmatic_stream_serialization is True
-    assert (config.grid, config.block, config.shmem_size) == ((3, 1, 1), (32, 4, 1), 0)
-    assert internals.launch_config(1, 32, 0).programmatic_stream_serialization is False
+    from cuda.bindings import driver
+
+    config = internals.launch_config((3,), (32, 4), 0, dependent=True, stream=driver.CUstream(7))
+    assert config.numAttrs == 1
+    attribute = config.attrs[0]
+    assert attribute.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attribute.value.programmaticStreamSerializationAllowed == 1
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (3, 1, 1)
+    assert (config.blockDimX, config.blockDimY, config.blockDimZ, config.sharedMemBytes) == (32, 4, 1, 0)
+    assert int(config.hStream) == 7
+    assert internals.launch_config(1, 32, 0).numAttrs == 0
 
 
 def test_dependent_is_keyword_only():

@@ -195,8 +195,10 @@ def test_device_functions_compile_without_a_driver():
 
 def test_prepared_launch_follows_kernel_launch():
     """numbatma.prepare_launch repeats what _Kernel.launch does once (argument marshalling through
-    _prepare_args, then cuda.core.launch(stream, LaunchConfig(...), cufunc.kernel, *kernelargs)); and compiles
-    the overload through the dispatcher's own argument typing."""
+    _prepare_args, then cuda.core.launch(stream, LaunchConfig(...), cufunc.kernel, *kernelargs), which a prepared
+    run replaces by the driver's launch of the same kernel: cufunc.handle, the CUkernel of cufunc.kernel); compiles
+    the overload through the dispatcher's own argument typing; converts streams as _to_core_stream does (a numba
+    stream by its ``handle``)."""
     from numba.cuda import dispatcher
     from numba.cuda.cudadrv import driver
 
@@ -209,6 +211,15 @@ def test_prepared_launch_follows_kernel_launch():
     assert "self.stream = driver._to_core_stream(stream)" in original
     assert callable(driver._to_core_stream)
     assert "is_cooperative=self.cooperative" in original  # (prepared launches are never cooperative)
+    # the CUkernel a prepared run launches: CudaPythonFunction keeps cuda.core's Kernel and its handle
+    assert "__slots__" in inspect.getsource(driver.CudaPythonFunction)
+    assert {"kernel", "handle"} <= set(driver.CudaPythonFunction.__slots__)
+    assert "self.handle = kernel.handle" in inspect.getsource(driver.CudaPythonFunction.__init__)
+    # streams: a numba Stream's handle is what _to_core_stream hands cuda.core
+    to_core = inspect.getsource(driver._to_core_stream)
+    assert "isinstance(stream, Stream)" in to_core and "from_handle(stream.handle or 0)" in to_core
+    assert issubclass(driver.CudaAPIError, Exception) and "def __init__(self, code, msg)" in inspect.getsource(
+        driver.CudaAPIError)
 
 
 def test_prepared_launch_patches_an_array_at_numbas_data_pointer():
@@ -224,25 +235,26 @@ def test_prepared_launch_patches_an_array_at_numbas_data_pointer():
     assert at == sorted(at) and internals._ARRAY_PTR == 4
 
 
-class _OfflineKernel:
-    """numba's compiled ``_Kernel`` as a prepared launch uses it, without a GPU: arrays marshalled as numba does
-    (meminfo, parent, size, itemsize, pointer, shape, strides), scalars as ctypes, descriptors by hook 2."""
+def test_prepared_launch_lays_out_what_cuda_core_would_pass():
+    """The parameter block (KernelParams) holds, for every value numba-cuda's _prepare_args marshalled, the bytes
+    cuda.core's launch (its ParamHolder, built here without a GPU) would have passed for it."""
+    import ctypes
 
-    debug = cooperative = False
-    launch_bounds = None
-    _codelibrary = type("Lib", (), {"get_cufunc": lambda self: type("F", (), {"kernel": "the-cufunc"})()})()
+    from cuda.core._kernel_arg_handler import ParamHolder
 
-    def __init__(self, argument_types):
-        self.argument_types = argument_types
+    from fakes import OfflineKernel, numba_array
 
-    def _prepare_args(self, ty, value, stream, retr, kernelargs):
-        if internals._prepare_numbatma_arg(ty, value, kernelargs):
-            return
-        if isinstance(ty, types.Array):
-            ptr, shape, strides, dtype = numbatma.layout_facts(value)
-            kernelargs += [0, 0, int(np.prod(shape)), dtype.itemsize, ptr, *shape, *strides]
-        else:
-            kernelargs.append(("c", str(ty), value))
+    kernel = OfflineKernel((types.float32[:, ::1], types.float16, types.boolean, types.int8, types.uint64,
+                            types.float64, types.complex64, types.int32))
+    values = kernel.marshalled((numba_array((4, 8), np.float32, 1 << 30), 1.5, True, -3, 2 ** 63 + 5, 2.5,
+                                1 - 2j, -7))
+    params = internals.KernelParams.build(values)
+    holder = ParamHolder(values)
+    theirs = (ctypes.c_void_p * len(values)).from_address(holder.ptr)
+    assert len(params.sizes) == len(values) == 9 + 1 + 1 + 1 + 1 + 1 + 2 + 1
+    for i, value in enumerate(values):
+        assert params.value_bytes(i) == ctypes.string_at(theirs[i], params.sizes[i]), (i, value)
+    assert params.sizes == [8] * 9 + [2, 1, 1, 8, 8, 4, 4, 4]
 
 
 class _OfflineDispatcher:
@@ -252,58 +264,151 @@ class _OfflineDispatcher:
         return typeof(value)
 
 
-def _offline_prepared(monkeypatch, argument_types, args):
-    import cuda.core
-    from numba.cuda.cudadrv import driver
+def _offline_prepared(monkeypatch, argument_types, args, param_sizes, sources=None):
+    from fakes import FakeDriver, OfflineKernel
 
-    launches = []
-    monkeypatch.setattr(cuda.core, "launch", lambda stream, config, f, *a: launches.append((stream, a)))
-    monkeypatch.setattr(driver, "_to_core_stream", lambda s: ("core", s))
-    kernel = _OfflineKernel(argument_types)
+    kernel = OfflineKernel(argument_types)
+    driver = FakeDriver(param_sizes).install(monkeypatch)
     monkeypatch.setattr(internals, "compiled_kernel", lambda dispatcher, a: kernel)
     monkeypatch.setattr(internals, "_ensure_dynamic_smem", lambda k, nbytes: None)
-    return internals.prepare_launch(_OfflineDispatcher(), args, 4, 128, 0), launches
+    return internals.prepare_launch(_OfflineDispatcher(), args, 4, 128, 0, sources=sources), driver
 
 
 def test_prepared_launch_update_patches_arrays_and_scalars(monkeypatch):
-    x = FakeCudaArray((64, 32), np.float32, ptr=1 << 20)
+    import struct
+
+    from fakes import numba_array
+
+    x = numba_array((64, 32), np.float32, 1 << 20)
     view = numbatma.DeviceView(numbatma.array_layout(FakeCudaArray((64, 8), np.float32, ptr=1 << 24)), x)
-    run, launches = _offline_prepared(
-        monkeypatch, (types.float32[:, ::1], types.float32[:, :], types.float64, types.int64), (x, view, 2.0, 7))
+    view_array = numba_array((64, 8), np.float32, 1 << 24)  # (what launch_argument makes of the view on a GPU)
+    run, driver = _offline_prepared(
+        monkeypatch, (types.float32[:, ::1], types.float32[:, ::1], types.float64, types.int64),
+        (x, view_array, 2.0, 7), [8] * 18 + [8, 8], sources=(x, view, 2.0, 7))
     run()
-    assert launches[-1][1][4] == 1 << 20 and launches[-1][1][13] == 1 << 24
+    ptr = lambda call, i: struct.unpack("<Q", call["params"][i])[0]  # noqa: E731
+    assert ptr(driver.calls[-1], 4) == 1 << 20 and ptr(driver.calls[-1], 13) == 1 << 24
     assert [slot[0] for slot in run.slots] == ["array", "array", "scalar", "scalar"]
-    x2 = FakeCudaArray((64, 32), np.float32, ptr=5 << 20)
+    x2 = numba_array((64, 32), np.float32, 5 << 20)
     view2 = numbatma.DeviceView(numbatma.array_layout(FakeCudaArray((64, 8), np.float32, ptr=9 << 24)), x2)
-    before = run.kernelargs
+    before = driver.calls[-1]["params"]
     assert run.update((x2, view2, 3.0, 7))  # (new addresses and a new scalar; the int equal: kept)
     run(5)
-    stream, values = launches[-1]
-    assert stream == ("core", 5) and values[4] == 5 << 20 and values[13] == 9 << 24
-    assert values[:4] == before[:4] and values[5:13] == before[5:13] and values[-2:] == (("c", "float64", 3.0),
-                                                                                           before[-1])
+    call = driver.calls[-1]
+    assert call["stream"] == 5 and ptr(call, 4) == 5 << 20 and ptr(call, 13) == 9 << 24
+    values = call["params"]
+    assert values[:4] == before[:4] and values[5:13] == before[5:13] and values[14:18] == before[14:18]
+    assert values[18] == struct.pack("<d", 3.0) and values[19] == before[19]
     assert run.sources == (x2, view2, 3.0, 7) and run.keep_alive == run.sources
     # what it does not patch: another layout, another scalar type, another argument count; nothing changes then
-    kept = run.kernelargs
-    assert not run.update((FakeCudaArray((64, 16), np.float32, ptr=5 << 20), view2, 3.0, 7))
+    kept = values
+    assert not run.update((numba_array((64, 16), np.float32, 5 << 20), view2, 3.0, 7))
     assert not run.update((x2, view2, 3, 7)) and not run.update((x2, view2, 3.0))
-    assert run.kernelargs is kept and run.sources == (x2, view2, 3.0, 7)
+    assert not run.update((x2, view2, 4.0, "7"))  # (a patchable change before an unpatchable one: none made)
+    assert run.sources == (x2, view2, 3.0, 7)
     run(5)
     run(5)
-    assert launches[-1] == launches[-2] == (("core", 5), kept)
+    assert driver.calls[-1]["params"] == driver.calls[-2]["params"] == kept
 
 
 def test_prepared_launch_update_converts_a_replaced_descriptor(monkeypatch):
+    import ctypes
+
+    from cuda.bindings import driver as cu
+
     from numbatma import TensorMap
 
-    a = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 20), (16, 16))
-    b = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 22), (16, 16))
-    other = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 22), (16, 32))
-    a._descriptor, b._descriptor, other._descriptor = "desc-a", "desc-b", "desc-other"  # (encoded: needs a GPU)
-    run, launches = _offline_prepared(monkeypatch, (a.numba_type,), (a,))
-    assert run.kernelargs == ("desc-a",) and run.slots[0][0] == "descriptor"
-    assert run.update((b,)) and run.kernelargs == ("desc-b",)
-    assert not run.update((other,)) and run.kernelargs == ("desc-b",)  # (another box: another type)
+    def encoded(tm, fill):  # (what driver_tensor_map encodes on a GPU: 128 recognisable bytes)
+        tm._raw = cu.CUtensorMap()
+        tm._raw.opaque = [cu.cuuint64_t(fill + i) for i in range(16)]
+        tm._descriptor = f"core-{fill}"
+        return tm
+
+    a = encoded(TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 20), (16, 16)), 100)
+    b = encoded(TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 22), (16, 16)), 200)
+    other = encoded(TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 22), (16, 32)), 300)
+    run, driver = _offline_prepared(monkeypatch, (a.numba_type,), (a,), [128])
+    assert run.slots[0][0] == "descriptor" and run.params.pointers[0] == a._raw.getPtr()
+    run()
+    assert driver.calls[-1]["params"] == (ctypes.string_at(a._raw.getPtr(), 128),)
+    assert run.update((b,)) and run.params.pointers[0] == b._raw.getPtr()
+    run()
+    assert driver.calls[-1]["params"] == (b.to_bytes(),)
+    assert not run.update((other,)) and run.params.pointers[0] == b._raw.getPtr()  # (another box: another type)
+
+
+def test_prepared_launch_sees_a_descriptor_repointed_in_place(monkeypatch):
+    """A descriptor re-pointed in place (TensorMap.repoint: cuTensorMapReplaceAddress on its own CUtensorMap) is what
+    the next run passes: the parameter block points at the descriptor's CUtensorMap, not at a copy."""
+    from cuda.bindings import driver as cu
+
+    from numbatma import TensorMap, _descriptor_base
+
+    tm = TensorMap(FakeCudaArray((64, 64), np.float32, ptr=1 << 20), (16, 16))
+    tm._raw = cu.CUtensorMap()
+    tm._raw.opaque = [cu.cuuint64_t(1 << 20)] + [cu.cuuint64_t(0)] * 15
+    tm._descriptor = "core"
+
+    def replace(tensor_map, address):  # (the driver's: here the address is the first word)
+        tensor_map.opaque = [cu.cuuint64_t(address)] + list(tensor_map.opaque)[1:]
+        return (cu.CUresult.CUDA_SUCCESS,)
+
+    monkeypatch.setattr(_descriptor_base, "_replace_address", replace)
+    run, driver = _offline_prepared(monkeypatch, (tm.numba_type,), (tm,), [128])
+    run()
+    tm.repoint(FakeCudaArray((64, 64), np.float32, ptr=3 << 20))
+    assert tm._core_stale  # (cuda.core's descriptor gets the address when numba's launch next uses it)
+    run()
+    first, second = (int.from_bytes(c["params"][0][:8], "little") for c in driver.calls)
+    assert (first, second) == (1 << 20, 3 << 20)
+
+
+def test_prepare_checks_the_layout_against_the_drivers_parameter_sizes(monkeypatch):
+    """Where the driver tells the kernel's parameter sizes (cuKernelGetParamInfo), a parameter block that does not fit
+    them (another count, another size) fails at prepare time, naming what was laid out; a driver that cannot tell
+    leaves it unchecked; an 8-byte Python int may fill a smaller integer parameter."""
+    import pytest
+
+    from fakes import numba_array
+
+    x = numba_array((16,), np.float32, 1 << 20)
+    sig = (types.float32[::1], types.float32)
+    run, driver = _offline_prepared(monkeypatch, sig, (x, 2.0), [8] * 7 + [4])
+    assert run is not None and driver.queries == 9  # (8 parameters and the index past them)
+    for sizes in ([8] * 7, [8] * 7 + [8], [8] * 7 + [4, 4], [8] * 6 + [16, 4]):
+        with pytest.raises(RuntimeError, match="laid out 8 kernel parameters"):
+            _offline_prepared(monkeypatch, sig, (x, 2.0), sizes)
+    assert _offline_prepared(monkeypatch, sig, (x, 2.0), [8] * 6 + [4, 4])[0] is not None  # (the shape: an int)
+    from fakes import FakeDriver
+
+    FakeDriver([1, 2, 3], report=False).install(monkeypatch)
+    kernel = internals.compiled_kernel(None, ())
+    kernel.__dict__.pop("_numbatma_param_sizes", None)
+    assert internals.prepare_launch(_OfflineDispatcher(), (x, 2.0), 4, 128, 0) is not None  # (unchecked)
+
+
+def test_prepared_launch_streams(monkeypatch):
+    """A run's stream: 0, a raw handle, a numba stream (its handle), anything else numba's launch takes
+    (_to_core_stream); the last stream's CUstream is kept."""
+    from numba.cuda.cudadrv import driver as nd
+
+    from fakes import numba_array
+
+    run, driver = _offline_prepared(monkeypatch, (types.float32[::1],), (numba_array((8,), np.float32, 1 << 20),),
+                                    [8] * 7)
+    numba_stream = nd.Stream(handle=__import__("cuda.bindings.driver").bindings.driver.CUstream(0xAB))
+    core = type("CoreStream", (), {"handle": 0xCD})()
+    monkeypatch.setattr(nd, "_to_core_stream", lambda s: s if s is core else (_ for _ in ()).throw(TypeError(s)))
+    for stream, handle in ((0, 0), (None, 0), (0x1234, 0x1234), (numba_stream, 0xAB), (core, 0xCD)):
+        run(stream)
+        assert driver.calls[-1]["stream"] == handle
+    memo = run._stream_memo
+    run(core)
+    assert run._stream_memo is memo
+    import pytest
+
+    with pytest.raises(TypeError):
+        run(object())
 
 
 def test_typing_error_hook_points():

@@ -385,7 +385,7 @@ def test_numba_device_arrays_are_read_through_their_attributes():
         assert numbatma.layout_facts(a) == _descriptor_base._general_facts(a) == (1 << 30, shape, _descriptor_base.
                                                                                   _unit_dims_strides(shape, strides, 4),
                                                                                   np.dtype(np.float32))
-    assert _descriptor_base._reader_for(DeviceNDArray) is _descriptor_base._numba_facts
+    assert _descriptor_base._reader_for(DeviceNDArray) is _descriptor_base._numba_record
 
 
 class _Prepared:
