@@ -31,7 +31,7 @@ Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups):
   the stores have read it.
 
 Tile: ``bm = 128`` query rows, ``bn`` keys per block (128 for D <= 128, 64 for D = 256; the ``bn`` option
-takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D <= 128:
+takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
 the next item's Q loads while this one's epilogue runs) + ``2 stages bn D`` elements (two bytes each).
 """
 from __future__ import annotations
@@ -131,8 +131,9 @@ class AttentionConfig:
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
-    (O alone takes 128 registers); two Q stages for D <= 128, one for D = 256 (two would leave room for one K/V
-    stage); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the
+    (O alone takes 128 registers); two Q stages for D = 64, one for D >= 128 (measured on an H100 at S = 1024: two
+    Q stages +10% at D = 64, where 4 K/V stages still fit, but -12% at D = 128, where they leave room for 2 K/V
+    stages instead of 3); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the
     "overlap" schedule for D <= 128 and "serial" for D = 256; the snake order over items numbered (batch, head)
     first. Measured on an H100 (benchmarks/RESULTS.md, ``--only variants``, runs interleaved): overlap 1-3% ahead of
     pingpong at D = 64 and 128; snake 10% ahead of cyclic for causal; the query-first sweep equal for full
@@ -150,7 +151,7 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
         raise TensorMapError(f"Attention: bn (keys per block) must be a multiple of 16 in 16..{most} for head dim "
                              f"{d}, got {bn}")
     if q_stages is None:
-        q_stages = 2 if d <= 128 else 1
+        q_stages = 2 if d <= 64 else 1
     q_stages = require_int("Attention", "q_stages", q_stages, 1, 2)
     q_bytes = q_stages * BM * d * 2
     stage_bytes = 2 * bn * d * 2  # K and V
