@@ -90,24 +90,11 @@ class Timer:
         self.flush_buffer = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def median_ms(self, fn):
-        """Median over ``reps`` launches of ``fn``, each after an L2-evicting memset and between two events. All
-        reps are enqueued before the first is waited for, so a launch's host-side cost (Python argument
-        handling) overlaps the previous memset instead of showing up as GPU idle time between the events."""
-        torch = self.torch
-        for _ in range(self.warmup):
-            fn()
-        torch.cuda.synchronize()
-        events = []
-        for _ in range(self.reps):
-            self.flush_buffer.zero_()
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            events.append((start, stop))
-        torch.cuda.synchronize()
-        times = [start.elapsed_time(stop) for start, stop in events]
-        return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
+        """Median over ``reps`` launches of ``fn``, each after an L2-evicting memset and between two events, and the
+        spread (max - min) / median. All reps are enqueued before the first is waited for, so a launch's host-side
+        cost (Python argument handling) overlaps the previous memset instead of showing up as GPU idle time
+        between the events. (:meth:`median_ms_interleaved` of one implementation.)"""
+        return self.median_ms_interleaved([fn])[0]
 
     def median_ms_interleaved(self, fns):
         """:meth:`median_ms` of several implementations with their runs interleaved: rep ``r`` times each ``fn`` once

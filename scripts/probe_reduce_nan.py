@@ -14,20 +14,13 @@ from numba import cuda  # noqa: E402
 import numbatma  # noqa: E402
 import bulk_kernels as B  # noqa: E402
 import tma_ops_kernels as K  # noqa: E402
+from test_gpu_reduce_nan import operands as nan_operands  # noqa: E402
 from test_gpu_tma_ops import to_device  # noqa: E402  (bfloat16 travels as uint16 bits)
 
 
 def operands(dtype, n):
-    """old, new with NaN in old only, new only, both, neither (a quarter each), distinct finite values."""
-    rng = np.random.default_rng(7)
-    old = rng.integers(-50, 50, n).astype(np.float32)
-    new = rng.integers(-50, 50, n).astype(np.float32)
-    q = n // 4
-    old[:q] = np.nan
-    new[q:2 * q] = np.nan
-    old[2 * q:3 * q] = np.nan
-    new[2 * q:3 * q] = np.nan
-    return old.astype(dtype), new.astype(dtype)
+    """old, new with NaN in old only, new only, both, neither (a quarter each): the GPU test's operands."""
+    return nan_operands(dtype, n, np.random.default_rng(7))
 
 
 def verdict(what, got, old, new, kind):
