@@ -6,7 +6,8 @@ import functools
 
 import numpy as np
 
-from numbatma import TensorMapError, array_layout
+from numbatma import SIMULATING, TensorMapError, array_layout
+from numbatma.devices import current_device
 
 # Shared memory on H100/H200 (and B200): per-block opt-in maximum (static + dynamic), and per SM (the
 # system keeps 1 KiB of it per resident CTA).
@@ -17,18 +18,33 @@ MAX_BOX = 256  # TMA's largest box dimension (elements)
 BOX_ALIGN = 128  # a TMA tile in shared memory starts on a 128-byte boundary
 
 
-@functools.lru_cache(maxsize=None)
 def sm_count(device_id=None):
-    """Number of SMs of the current device (a persistent grid launches a multiple of it)."""
+    """Number of SMs of device ``device_id`` (a persistent grid launches a multiple of it); by default of the current
+    device, which is the plan's own while a plan is built or prepared (:class:`numbatma.kernels.Plan` makes its
+    device current for that). Known once per device."""
+    if device_id is None:
+        device_id = current_device()
+        if device_id is None:  # (no context current yet: numba makes device 0's current, as a launch would)
+            from numba import cuda
+
+            device_id = cuda.get_current_device().id
+    return _sm_count(device_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id):
     from numba import cuda
 
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+    if SIMULATING:
+        return cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return cuda.gpus[device_id].MULTIPROCESSOR_COUNT
 
 
-def persistent_grid(ntiles, ctas_per_sm=1):
-    """Blocks for a persistent kernel: enough to fill the GPU, never more than there are tiles. (The device
-    side of the loop is :func:`numbatma.kernels._device.persistent_share`.)"""
-    return max(1, min(ntiles, sm_count() * ctas_per_sm))
+def persistent_grid(ntiles, ctas_per_sm=1, device_id=None):
+    """Blocks for a persistent kernel on device ``device_id`` (default: the current one, see :func:`sm_count`): enough
+    to fill the GPU, never more than there are tiles. (The device side of the loop is
+    :func:`numbatma.kernels._device.persistent_share`.)"""
+    return max(1, min(ntiles, sm_count(device_id) * ctas_per_sm))
 
 
 def ceil_div(a, b):

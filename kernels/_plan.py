@@ -29,9 +29,23 @@ the prepared launch (``update``: their addresses and values), anything else prep
 :meth:`Plan.rebind` (a re-point: only addresses move, the kernel and its geometry stay) the next launch compares
 ``args`` only. A launch with nothing assigned or re-pointed since does no comparison at all. The arrays and
 descriptors are fixed when the plan is built until :meth:`Plan.rebind` re-points them (descriptors in place: a
-prepared launch passes each descriptor's own encoded bytes, so it sees that without a patch). Plans never launch
-dependent (``prepare_launch(..., scoped=False)``: ``numbatma.dependent_launch()`` does not reach them), as their
-kernels do not call ``griddepcontrol_wait`` yet.
+prepared launch passes each descriptor's own encoded bytes, so it sees that without a patch).
+
+Programmatic dependent launch: every kernel of :mod:`numbatma.kernels` calls ``griddepcontrol_wait`` before it
+touches global memory and then ``griddepcontrol_launch_dependents`` (``_device.grid_dependency_sync``), so plans
+(and function forms) launched inside ``with numbatma.dependent_launch():`` are dependent launches: each may start
+its launch and set-up while the kernel before it on the stream finishes, and waits for it before reading its
+results (``benchmarks/pdl_chain.py`` measures a chain of two plans with and without).
+
+Devices: a plan belongs to the device that holds its arrays (:attr:`Plan.device`, from
+:func:`numbatma.array_device`; arrays of several devices are refused, unless the current device was given access to
+the others' memory with :func:`numbatma.enable_peer_access`: then the plan is the current device's). It is built and
+prepared with that device current and its launches run there whatever device is current when they are made (as torch
+ops run on their tensors' device): the prepared launch pushes its device's context for a launch made while another
+is current (one ``cuCtxGetCurrent`` per launch in a process that sees several devices, none in one that sees one).
+With no stream given, a plan of torch tensors launches on torch's current stream *of its device*; a torch or CuPy
+stream of another device is refused (:meth:`Plan.stream_for`), a raw handle or numba stream is not checked (the
+driver refuses the launch).
 
 The function form of a plan (``stream_copy(src, dst, stream=..., **options)`` etc.) is :func:`run` : look the
 plan up in a small LRU cache (:func:`plan_cache_size`, :func:`clear_plan_cache`; see :func:`run` for the key),
@@ -40,8 +54,9 @@ it on ``stream``, return its output.
 """
 from __future__ import annotations
 
-from numbatma import ArrayLayout, launch_argument, layout_facts, prepare_launch
-from numbatma.streams import as_stream, torch_device, torch_stream
+from numbatma import ArrayLayout, TensorMapError, launch_argument, layout_facts, prepare_launch
+from numbatma.devices import array_device, common_device, enter_device, leave_device, on_device, several_devices
+from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
 
 from ._launch import byte_extent
 from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map
@@ -52,10 +67,26 @@ _UNSET = object()
 _MOVED = "moved"  # (_stale after a re-point only: the next launch compares args, not kernel and geometry)
 # The plan's own bookkeeping (assigning these is not a change of the plan; rebind does not walk them).
 _BOOKKEEPING = frozenset({"_user_arrays", "_user_facts", "_owned", "_prepared_launch", "_stale", "_rebind_map",
-                          "_torch_device"})
+                          "_torch_device", "_device"})
 
 
-class Plan:
+class _PlanType(type):
+    """The class of plan classes: ``SomePlan(*arrays, **options)`` runs ``__init__`` with the plan's device current
+    (:attr:`Plan.device`, found by ``__new__``), so that what it asks of the GPU (SM counts, limits, allocations) is
+    that device's."""
+
+    def __call__(cls, *arrays, **options):
+        plan = cls.__new__(cls, *arrays, **options)
+        if isinstance(plan, cls):
+            context = enter_device(plan.__dict__.get("_device"))
+            try:
+                plan.__init__(*arrays, **options)
+            finally:
+                leave_device(context)
+        return plan
+
+
+class Plan(metaclass=_PlanType):
     """Base of the plans of :mod:`numbatma.kernels` (see the module docstring for the contract).
 
     A subclass sets ``kernel``, ``block``, ``shared_mem`` (attributes or properties) and provides ``grid``,
@@ -92,8 +123,16 @@ class Plan:
             _prepared_launch=None,  # (kernel, run, (grid, block, shared_mem), args)
             _stale=True,  # (an attribute was assigned since the launch was prepared)
             _rebind_map=None,  # (rebind's map of the plan: _rebind.rebind_map)
-            _torch_device=_UNSET)  # (the device of the first torch tensor argument, or None)
+            _torch_device=_UNSET,  # (the device of the first torch tensor argument, or None)
+            _device=common_device(cls.__name__, arrays, TensorMapError))  # (see the property device)
         return plan
+
+    @property
+    def device(self):
+        """The device (CUDA ordinal) this plan runs on: the one that holds its arrays (with arrays of several devices
+        and peer access, the device that was current when it was built); None where no array tells (built offline,
+        the simulator). Fixed for the plan's life: :meth:`rebind` refuses arrays of another device."""
+        return self._device
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
@@ -152,6 +191,12 @@ class Plan:
             raise NotRebindable(f"{type(self).__name__} was built from {len(old)} arguments, got {len(arrays)}")
         if not type(self).rebindable:
             raise NotRebindable(f"{type(self).__name__} plans cannot be re-pointed")
+        device = self._device
+        if device is not None:
+            new = common_device(type(self).__name__, arrays, NotRebindable)
+            if new is not None and new != device:
+                raise NotRebindable(f"{type(self).__name__} runs on device {device} (its arrays are there); the new "
+                                    f"arrays are on device {new}: build a plan for them")
         facts = []
         for o, fo, n in zip(old, self._facts(), arrays):
             if is_scalar(o) or is_scalar(n):
@@ -184,7 +229,7 @@ class Plan:
         new_args, new_facts = arrays, facts
         if owned:  # (the owned outputs: arguments after the caller's)
             if fresh:
-                owned = tuple(_remade(output) for output in owned)
+                owned = tuple(_remade(output, self._device) for output in owned)
             old_args += tuple([o[0] for o in self._owned])
             old_facts += tuple([o[2] for o in self._owned])
             new_args += tuple([o[0] for o in owned])
@@ -209,6 +254,11 @@ class Plan:
             state["_torch_device"] = _UNSET
         return self
 
+    def on_device(self):
+        """``with plan.on_device():`` - the plan's device current inside (for a launch a plan makes itself, not through
+        its prepared launch, e.g. through numba's own launch)."""
+        return on_device(self._device)
+
     def launch_args(self):
         """``args`` as a launch passes them (:func:`numbatma.launch_argument`: views become device arrays once)."""
         return tuple(launch_argument(a) for a in self.args)
@@ -218,10 +268,21 @@ class Plan:
         None the default for this plan's arrays (torch's current stream, looked up per launch, for a plan of
         torch tensors; which tensor is decided once per set of arrays)."""
         if stream is not None:
+            device = self._device
+            if device is not None:
+                owner = stream_device(stream)
+                if owner is not None and owner != device:
+                    raise ValueError(
+                        f"{type(self).__name__}.launch: the stream belongs to device {owner} but the plan runs on "
+                        f"device {device} (its arrays are there); pass a stream of device {device} (e.g. "
+                        f"torch.cuda.current_stream({device}), or one made under torch.cuda.device({device})).")
             return as_stream(stream)
         device = self._torch_device
         if device is _UNSET:
-            device = self.__dict__["_torch_device"] = torch_device(self._user_arrays)
+            device = torch_device(self._user_arrays)
+            if device is not None and self._device is not None and device.index != self._device:
+                device = self._device  # (arrays of several devices, peer access: torch's stream of the plan's device)
+            self.__dict__["_torch_device"] = device
         return 0 if device is None else torch_stream(device)
 
     def launch(self, stream=None):
@@ -233,14 +294,35 @@ class Plan:
         prepared = self._prepared_launch
         stale = self._stale
         if stale or prepared is None:  # (kernel, geometry and args change only by assignment: see Plan)
-            if stale is _MOVED and prepared is not None:
-                prepared = self._prepare(prepared[0], prepared[2])
+            if stale is _MOVED and prepared is not None and self._patched(prepared):
+                prepared = self._prepared_launch
             else:
-                kernel = self.kernel
-                prepared = None if kernel is None else self._prepare(kernel)
+                context = enter_device(self._device)  # (compiled, loaded and prepared on the plan's device)
+                try:
+                    if stale is _MOVED and prepared is not None:
+                        prepared = self._prepare(prepared[0], prepared[2])
+                    else:
+                        kernel = self.kernel
+                        prepared = None if kernel is None else self._prepare(kernel)
+                finally:
+                    leave_device(context)
         if prepared is not None:
             prepared[1](self.stream_for(stream))
         return self.output
+
+    def _patched(self, prepared):
+        """After a re-point (kernel and geometry as prepared): the prepared launch with the moved arguments patched in
+        (``update``: no device needed); False where it cannot (then :meth:`_prepare`, on the plan's device)."""
+        update = getattr(prepared[1], "update", None)
+        if update is None:
+            return False
+        args = self.args
+        if not update(args):
+            return False
+        state = self.__dict__
+        state["_prepared_launch"] = (prepared[0], prepared[1], prepared[2], args)
+        state["_stale"] = False
+        return True
 
     def _prepare(self, kernel, geometry=None):
         """The prepared launch of ``kernel`` with the plan's ``args`` and geometry now (``geometry``: known to be the
@@ -259,7 +341,7 @@ class Plan:
         else:
             prepared = None
         if prepared is None:
-            prepared = (kernel, prepare_launch(kernel, args, *geometry, scoped=False), geometry, args)
+            prepared = (kernel, prepare_launch(kernel, args, *geometry), geometry, args)
         state = self.__dict__
         state["_prepared_launch"] = prepared
         state["_stale"] = False
@@ -272,10 +354,19 @@ def _same_arguments(new, old):
         a is b or is_scalar(a) and type(a) is type(b) and a == b for a, b in zip(new, old))
 
 
-def _remade(output):
-    """An owned output ``(array, make, facts)`` made again (``make()``: the same layout, another array)."""
+def _remade(output, device=None):
+    """An owned output ``(array, make, facts)`` made again (``make()``: the same layout, another array), on the plan's
+    ``device`` (a ``make`` that allocates on the current device runs again with ``device`` current)."""
     array, make, facts = output
     new = make()
+    if device is not None and several_devices():
+        made = array_device(new)
+        if made is not None and made != device:
+            context = enter_device(device)
+            try:
+                new = make()
+            finally:
+                leave_device(context)
     new_facts = layout_facts(new)
     if new_facts[1:] != facts[1:]:
         raise NotRebindable(f"an owned output was made again with another layout: {ArrayLayout(*new_facts).name}")

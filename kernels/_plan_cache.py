@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import threading
 
-from numbatma import SIMULATING, layout_record
+from numbatma import layout_record
+from numbatma.devices import DEVICE_READERS as _device_readers
+from numbatma.devices import array_device, current_device, device_reader, several_devices
 
 from ._rebind import _scalar_types
 from ._rebind import is_scalar as _is_scalar
@@ -20,6 +22,7 @@ _cache = collections.OrderedDict()  # key -> plan, least recently used first
 _cache_lock = threading.Lock()
 _cache_max = DEFAULT_PLAN_CACHE_SIZE
 _stats = {"hits": 0, "misses": 0, "uncached": 0, "rebind_failed": 0}
+_NO_DEVICE = object()
 
 
 def plan_cache_size(n=None):
@@ -52,53 +55,6 @@ def plan_cache_info():
         return dict(_stats, size=len(_cache), maxsize=_cache_max)
 
 
-def _device_id():
-    """The device this thread's launches go to (its current CUDA context's; None without a driver: plans built
-    offline): the cache key's device. ``cuCtxGetDevice`` through cuda.bindings; where no context is current yet,
-    numba's current device (which makes device 0's primary context current, as a launch would)."""
-    if SIMULATING:
-        return 0
-    probe = _device_probe
-    if probe is None:
-        probe = _make_device_probe()
-    return probe()
-
-
-_device_probe = None  # (made on first use: the driver's cuCtxGetDevice, or a stand-in without a driver)
-
-
-def _no_device():
-    return None
-
-
-def _numba_device_id():
-    try:
-        from numba import cuda
-
-        return cuda.get_current_device().id
-    except Exception:  # noqa: BLE001 - no driver (plans built offline): one device
-        return None
-
-
-def _make_device_probe():
-    global _device_probe
-    try:
-        from cuda.bindings import driver
-
-        get, ok = driver.cuCtxGetDevice, driver.CUresult.CUDA_SUCCESS
-        get()  # (loads the driver library: raises where there is none)
-    except Exception:  # noqa: BLE001 - no driver here (plans built offline): one device, None
-        _device_probe = _no_device
-        return _device_probe
-
-    def probe():
-        err, device = get()
-        return int(device) if err == ok else _numba_device_id()
-
-    _device_probe = probe
-    return probe
-
-
 def _option_key(value):
     """A hashable, type-aware form of an option value (raises TypeError when there is none)."""
     if isinstance(value, (tuple, list)):
@@ -121,11 +77,14 @@ def cache_key(plan_class, arrays, options):
 def _key_and_facts(plan_class, arrays, options):
     """(the cache key, the arguments' layout_facts with None for a scalar, the pairs ``(j, i)``, ``j < i``, of
     arguments that overlap), or (None, None, None). Each array is read once (:func:`numbatma.layout_record`: its
-    layout interned, so the key holds the layout's id, and its byte span comes with it)."""
+    layout interned, so the key holds the layout's id, and its byte span comes with it) and its device once
+    (:func:`numbatma.array_device`'s reader of its class: a torch tensor's ``get_device()``)."""
     try:
         opts = tuple(sorted((k, _option_key(v)) for k, v in options.items())) if options else ()
         parts, facts, spans, overlap = [], [], [], ()
-        scalar_types = _scalar_types
+        scalar_types, readers = _scalar_types, _device_readers
+        device = devices = _NO_DEVICE
+        several = several_devices()  # (one device: every array is on it; nothing to read)
         for a in arrays:
             scalar = scalar_types.get(type(a))
             if scalar is None:
@@ -135,6 +94,15 @@ def _key_and_facts(plan_class, arrays, options):
                 facts.append(None)
                 continue
             ptr, record = layout_record(a)  # (shape, byte strides, dtype, id, lo, hi)
+            if several:
+                read = readers.get(type(a))
+                if read is None:
+                    read = device_reader(type(a))
+                where = read(a)  # (a torch tensor: its get_device())
+                if device is _NO_DEVICE:
+                    device = where
+                elif where != device:
+                    devices = where  # (arrays of several devices: see below)
             lo, hi = ptr + record[4], ptr + record[5]
             overlaps = ()
             for j, lo2, hi2 in spans:
@@ -144,7 +112,11 @@ def _key_and_facts(plan_class, arrays, options):
             spans.append((len(parts), lo, hi))
             parts.append((type(a), record[3], ptr & 1023, overlaps))
             facts.append((ptr, record[0], record[1], record[2]))
-        return (plan_class, opts, tuple(parts), _device_id()), tuple(facts), overlap
+        if devices is not _NO_DEVICE:  # (several devices, peer access: each one's, and the current device's)
+            device = (tuple(None if f is None else array_device(a) for a, f in zip(arrays, facts)), current_device())
+        elif device is _NO_DEVICE:  # (one device, or no array)
+            device = None
+        return (plan_class, opts, tuple(parts), device), tuple(facts), overlap
     except Exception:  # noqa: BLE001 - unhashable options, arguments numbatma cannot read: not cached
         return None, None, None
 
@@ -157,8 +129,12 @@ def run(plan_class, *arrays, stream=None, **options):
     options (by type and value; an unhashable option: no caching for that call), and for every positional
     argument: for an array its type, layout (shape, byte strides, dtype: an id of the interned layout,
     :func:`numbatma.layout_record`), ``ptr % 1024`` (plans may depend on the alignment) and which earlier arguments
-    it overlaps; for a scalar its type and value; and the current device (the current CUDA context's). Arrays are
-    read with :func:`numbatma.layout_record` (torch tensors through their methods), once per call. On a hit:
+    it overlaps; for a scalar its type and value; and, in a process that sees several devices, the device the arrays
+    are on (:func:`numbatma.array_device`; arrays of several devices - peer access - give each one's and the current
+    device's), so arrays of another device
+    never re-point a plan of this one: the plan runs on its arrays' device (:attr:`Plan.device`), whatever device is
+    current. Arrays are read with :func:`numbatma.layout_record` (torch tensors through their methods) and their
+    device's reader, once per call. On a hit:
 
     * the very same array objects at the same addresses as the plan's last call: nothing to do, the plan launches
       as it is (a dict look-up and the launch);

@@ -71,6 +71,8 @@ from numbatma.intrinsics import (
     wgmma_zeros,
 )
 
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync
 from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_int
 from ._plan import Plan, run
 
@@ -244,7 +246,7 @@ def key_blocks(m0, nkb, bn, causal):
 _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1):
     """The kernel of one configuration (every argument a compile-time constant of the closure)."""
     pingpong = schedule == "pingpong"
@@ -313,6 +315,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         qpipe = Pipeline(q_stages, 1, 2)  # full: the producer + Q's bytes; empty: one arrival per consumer warpgroup
         kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
         vpipe = Pipeline(stages, 1, 8)
+        grid_dependency_sync()
         wg = cuda.threadIdx.x // WARPGROUP
         if wg == 0:
             setmaxnreg_dec(PRODUCER_REGISTERS)

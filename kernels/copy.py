@@ -7,7 +7,6 @@ pipelined, persistent streaming copy is a separate kernel.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from numba import cuda
@@ -25,6 +24,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_nd
 from ._launch import MAX_BOX, ceil_div, round_up
 from ._plan import Plan
@@ -88,7 +89,7 @@ def _coords(rank):
     return cuda.jit(device=True, inline="always")(c5)
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _copy_kernel(rank, box, shared_shape, nb_dtype, alignment, swizzle, tma_part, has_tail):
     coords_of = _coords(rank)
     itemsize = nb_dtype.bitwidth // 8
@@ -99,6 +100,7 @@ def _copy_kernel(rank, box, shared_shape, nb_dtype, alignment, swizzle, tma_part
     def tma_copy_kernel(src, dst, tail, aligned, tiles):
         tile = cuda.shared.array(shared_shape, nb_dtype, alignment=alignment)
         bar = cuda.shared.array(1, "uint64")
+        grid_dependency_sync()
         if cuda.threadIdx.x == 0:
             mbarrier_init(bar, 1)
             fence_mbarrier_init()

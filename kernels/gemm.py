@@ -31,7 +31,6 @@ or padded views); partial tiles are zero-filled on load and clipped on store.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +69,8 @@ from numbatma.intrinsics import (
     wgmma_zeros,
 )
 
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from . import _launch
 from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
@@ -151,7 +152,7 @@ def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_speciali
                       stages * stage_bytes + epilogue_bytes, int(cluster_m))
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_m, epilogue_cols, has_beta,
                  tma_part, has_tail, cluster_m=1):
     """The kernel for one configuration (every argument a compile-time constant of the closure).
@@ -313,6 +314,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
             pipe = Pipeline(stages, 1, 8 * cluster_m)
             if cluster_m > 1:
                 cluster_sync()  # every CTA's barriers are initialised before any multicast or remote arrive
+            grid_dependency_sync()
             tiles_m = (m + BM - 1) // BM
             tiles_n = (n + bn - 1) // bn
             ktiles = (k + BK - 1) // BK
@@ -371,6 +373,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
             mbarrier_init(mbarrier_ref(cbar, 1), 1)
             fence_mbarrier_init()
         pipe = Pipeline(stages, 1, 8)
+        grid_dependency_sync()
         tiles_m = (m + BM - 1) // BM
         tiles_n = (n + bn - 1) // bn
         ktiles = (k + BK - 1) // BK

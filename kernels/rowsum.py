@@ -9,14 +9,13 @@ written with ordinary stores.
 """
 from __future__ import annotations
 
-import functools
-
 from numba import cuda, float32
 
 from numbatma import TensorMap, TensorMapError, array_layout, launch_argument
 from numbatma.intrinsics import Pipeline, shared_view
 
-from ._device import persistent_share
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync, persistent_share
 from ._launch import ceil_div, next_pow2
 from ._plan import run
 from ._reduce import converters, ld, shuffle_reducers
@@ -26,7 +25,7 @@ from ._rows_plan import (RowsPlan, box_cols, check_common, check_tpr, fold, plan
 __all__ = ["RowSum", "row_sum"]
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _row_sum_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, kcs, slot, chunked, fastmath):
     to_f32, from_f32 = converters(dtype_name)
     warp_sum, _ = shuffle_reducers(tpr)
@@ -40,6 +39,7 @@ def _row_sum_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, 
     def row_sum_kernel(x, out, rows, nblocks, kc_total):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, warps)
+        grid_dependency_sync()
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -99,10 +99,11 @@ def _row_sum_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, 
     return row_sum_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _fill_zero_kernel():
     @cuda.jit
     def fill_zero(out):
+        grid_dependency_sync()
         i = cuda.grid(1)
         if i < out.shape[0]:
             out[i] = 0
@@ -216,7 +217,9 @@ class RowSum(RowsPlan):
     def launch(self, stream=None):
         """Launch on ``stream`` (asynchronously) and return ``out``; ``n == 0`` fills ``out`` with zeros."""
         if self.rows and self.kernel is None:  # n == 0: every sum is 0
-            _fill_zero_kernel()[ceil_div(self.rows, 256), 256, self.stream_for(stream)](launch_argument(self.out_view))
+            with self.on_device():
+                _fill_zero_kernel()[ceil_div(self.rows, 256), 256, self.stream_for(stream)](
+                    launch_argument(self.out_view))
             return self.out
         if self.rows == 0:
             return self.out

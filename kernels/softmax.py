@@ -19,7 +19,6 @@ one write per element (the second read may hit L2: a row block is re-read soon a
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -36,7 +35,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._device import persistent_share, store_release
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync, persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import ceil_div, next_pow2
 from ._plan import run
@@ -158,7 +158,7 @@ def _row_softmax_regs(to_f32, from_f32, group_sum, group_max, elems, exact):
     return dev(scope["row_softmax"])
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c, kr, kc, slot, lag, fastmath,
                          exact=False, tma_part=True, has_tail=False, registers=True, max_registers=None):
     to_f32, from_f32 = converters(dtype_name)
@@ -187,6 +187,7 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
         scratch = cuda.shared.array(nscratch, np.float32)
         pipe = Pipeline(stages, 1, 1)  # full: producer + TMA bytes; empty: the storer (after the store read it)
         done = Pipeline(stages, 32 * warps, 1)  # full: one arrival per consumer thread; empty: the storer
+        grid_dependency_sync()
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -257,7 +258,7 @@ def _softmax_rows_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_r, box_c,
     return softmax_rows_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs, slot, lag, fastmath,
                             tma_part=True, has_tail=False):
     to_f32, from_f32 = converters(dtype_name)
@@ -274,6 +275,7 @@ def _softmax_chunked_kernel(dtype_name, nb_dtype, warps, stages, tpr, box_c, kcs
         scratch = cuda.shared.array(nscratch, np.float32)
         pipe = Pipeline(stages, 1, 1)
         done = Pipeline(stages, 32 * warps, 1)  # as in the rows kernel: every consumer thread arrives
+        grid_dependency_sync()
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32

@@ -25,8 +25,6 @@ Every buffer lives in dynamic shared memory (above 48 KiB is fine: numbatma rais
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import cuda
 
@@ -43,6 +41,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import BOX_ALIGN, MAX_BOX, SMEM_PER_BLOCK, byte_extent, ceil_div, persistent_grid, round_up
 from ._plan import Plan, run
@@ -153,7 +153,7 @@ def _tile_compute(dtype_name, br, bc, consumer_warps):
     return compute_tile
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows", tma_part=True, has_tail=False):
     """The kernel for one (dtype, tile, stages, consumer warps); all of them compile-time constants."""
     from numba.cuda import types as nbtypes
@@ -198,6 +198,7 @@ def _laplacian_kernel(dtype_name, br, bc, stages, consumer_warps, walk="rows", t
     def laplacian5_kernel(src, dst, tail, aligned, ntiles, tile_cols):
         dyn = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(STAGES, 1, 1)
+        grid_dependency_sync()
         tid = cuda.threadIdx.x
         warp = tid // 32
         if warp == PRODUCER_WARP:

@@ -7,7 +7,6 @@ managed by :class:`numbatma.intrinsics.Pipeline`.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -26,7 +25,8 @@ from numbatma.intrinsics import (
     tma_store_hinted,
 )
 
-from ._device import persistent_share, store_release
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync, persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import (MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, require_int, same_layout,
                       slot_elems)
@@ -83,7 +83,7 @@ def _tile(layout, tile_bytes, tiles_per_ring=1, max_cols=MAX_BOX):
 
 
 # -- the copy kernel ------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_tail=False):
     tr, tc = tile
     tile_elems = slot_elems(tile, nb_dtype.bitwidth // 8)
@@ -106,6 +106,7 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_t
     def stream_copy_kernel(src, dst, tail, aligned, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
+        grid_dependency_sync()
         if cuda.threadIdx.x == 0:
             policy = l2_policy_evict_first()
             first, step, mine = persistent_share(ntiles)
@@ -133,7 +134,7 @@ def _copy_kernel(stages, tile, nb_dtype, evict_first=False, tma_part=True, has_t
     return stream_copy_kernel
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _copy_kernel_two_roles(stages, tile, nb_dtype, tma_part=True, has_tail=False):
     """The copy with a loading warp and a storing warp (one elected lane each): loads never wait behind the
     storer's ``wait_group.read``; the storer releases a stage once the store before the current one read
@@ -148,6 +149,7 @@ def _copy_kernel_two_roles(stages, tile, nb_dtype, tma_part=True, has_tail=False
     def stream_copy_two_roles_kernel(src, dst, tail, aligned, tiles_c, ntiles):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         pipe = Pipeline(stages, 1, 1)
+        grid_dependency_sync()
         first, step, mine = persistent_share(ntiles)
         if cuda.threadIdx.x // 32 == 0:
             if elect_one_sync():
@@ -237,7 +239,7 @@ CONSUMER_WARPS = 4
 CONSUMERS = 32 * CONSUMER_WARPS
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _axpy_kernel(stages, tile, nb_dtype, tma_part=True, has_tail=False):
     tr, tc = tile
     tile_elems = slot_elems(tile, nb_dtype.bitwidth // 8)
@@ -252,6 +254,7 @@ def _axpy_kernel(stages, tile, nb_dtype, tma_part=True, has_tail=False):
         ring = cuda.shared.array(0, nb_dtype, alignment=1024)
         # full: the producer's arrival + TMA bytes; empty: the storing consumer thread's arrival
         pipe = Pipeline(stages, 1, 1)
+        grid_dependency_sync()
         warp = cuda.threadIdx.x // 32
         first, step, mine = persistent_share(ntiles)
         if warp == 0:

@@ -28,8 +28,6 @@ checks this by running the unit functions in Python against a byte-level model o
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import cuda, uint32
 
@@ -46,7 +44,8 @@ from numbatma.intrinsics import (
     tma_store,
 )
 
-from ._device import persistent_share
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync, persistent_share
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_int
 from ._plan import Plan, run
@@ -197,7 +196,7 @@ class Geometry:
         return self.tn * self.row_words
 
 
-@functools.lru_cache(maxsize=None)
+@kernel_factory
 def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stages, order, tma_part=True,
                       has_tail=False):
     geo = Geometry(itemsize, tile, stages, consumer_warps, out_stages)
@@ -221,6 +220,7 @@ def _transpose_kernel(itemsize, nb_dtype, tile, stages, consumer_warps, out_stag
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         # full: the producer's arrival + the TMA bytes; empty: one arrival per consumer warp
         pipe = Pipeline(stages, 1, ncw)
+        grid_dependency_sync()
         warp = cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
         first, step, _ = persistent_share(ntiles)  # tiles first, first + step, ... < ntiles

@@ -45,6 +45,7 @@ else:
         return val.numba_type
 
 from .cluster import cluster_kernel, cluster_launch_bounds, max_active_clusters, with_cluster  # noqa: E402
+from .devices import array_device, enable_peer_access, peer_access_enabled  # noqa: E402
 from .im2col import Im2colTensorMap  # noqa: E402
 from .launch import dependent_launch, prepare_launch  # noqa: E402
 from .views import ArrayLayout, DeviceView, launch_argument  # noqa: E402
@@ -69,6 +70,9 @@ __all__ = [
     "cluster_kernel",
     "cluster_launch_bounds",
     "max_active_clusters",
+    "array_device",
+    "enable_peer_access",
+    "peer_access_enabled",
     "dependent_launch",
     "prepare_launch",
     "with_cluster",

@@ -22,7 +22,9 @@ The driver wants the reverse; that reversal happens in one place, :meth:`TMADesc
 
 The public names defined here (:class:`TensorMapError`, the option enums, :class:`ArrayLayout`,
 :class:`DeviceView`, :func:`array_layout`, ``SUPPORTED_DTYPES``) are exported by :mod:`numbatma.tensormap`,
-which is where users import them from. Imports nothing of numbatma but the leaves ``_env`` and ``_shapes``.
+which is where users import them from. Imports nothing of numbatma but the leaves ``_env``, ``_shapes`` and
+``devices`` (where each descriptor's device comes from: :func:`numbatma.array_device` of its array; it is recorded
+on every encoding path and checked at launch).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import numpy as np
 
 from ._env import SIMULATING
 from ._shapes import tile_footprint
+from .devices import array_device, enter_device, leave_device, pointer_device, register_reader
 
 _PUBLIC_MODULE = "numbatma.tensormap"
 
@@ -549,8 +552,8 @@ _NUMBA_KNOWN = {}  # (shape, strides, dtype) -> record
 # -- arguments ---------------------------------------------------------------------------------------------------
 def int_tuple(who, name, value, count, what, unit="dimension"):
     """``value`` (an int, or a sequence of ``count`` ints; bools refused) as a tuple of ints. ``what`` says why
-    ``count`` entries, e.g. ``"the float32 array with shape (4, 8) has 2 dimensions"``; ``unit`` is what one
-    entry stands for."""
+    ``count`` entries, e.g. ``"the float32 array with shape (4, 8) has 2 dimensions"`` (or a function that makes
+    it: the message is needed only on an error); ``unit`` is what one entry stands for."""
     if isinstance(value, (bool, np.bool_)):  # (True is an int to Python: box=True is not a box of 1)
         raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.")
     if isinstance(value, (int, np.integer)):
@@ -563,7 +566,8 @@ def int_tuple(who, name, value, count, what, unit="dimension"):
         raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.")
     if len(value) != count:
         raise TensorMapError(
-            f"{who}: {name} {shape_str(value)} has {len(value)} entries but {what}; give one entry per {unit}, in "
+            f"{who}: {name} {shape_str(value)} has {len(value)} entries but {what() if callable(what) else what}; "
+            f"give one entry per {unit}, in "
             f"the array's own index order."
         )
     return tuple(int(v) for v in value)
@@ -603,38 +607,38 @@ def check_address(who, layout, interleave):
 def validate_layout(who, layout, *, interleave, tf32, element=None):
     """The rules every mode shares, in order: rank, data type (``tf32``, float8 ``element``), interleave rank,
     address alignment, extents, innermost stride, the other strides. Returns the driver data type name."""
-    name = layout.name
     rank = len(layout.shape)
     dtype = layout.dtype
+    dname = _dtype_name(dtype)
     if not 1 <= rank <= MAX_RANK:
-        raise TensorMapError(f"{who}: the {name} has rank {rank}; TMA descriptors describe rank 1 to 5.")
-    tma_dtype = _TMA_DTYPE.get(dtype.name)
-    if tma_dtype is None and (element is not None or dtype.name in _FP8_DTYPES):
+        raise TensorMapError(f"{who}: the {layout.name} has rank {rank}; TMA descriptors describe rank 1 to 5.")
+    tma_dtype = _TMA_DTYPE.get(dname)
+    if tma_dtype is None and (element is not None or dname in _FP8_DTYPES):
         tma_dtype = "UINT8"  # float8 bytes (the Hopper TMA has no float8 type: it moves bits)
     if tma_dtype is None:
         raise TensorMapError(
-            f"{who}: dtype {dtype.name} of the {name} has no TMA data type. Supported dtypes: "
+            f"{who}: dtype {dname} of the {layout.name} has no TMA data type. Supported dtypes: "
             f"{', '.join(SUPPORTED_DTYPES)}."
         )
     if tf32:
-        if dtype.name != "float32":
-            raise TensorMapError(f"{who}: tf32=True needs a float32 array; the array is {dtype.name}.")
+        if dname != "float32":
+            raise TensorMapError(f"{who}: tf32=True needs a float32 array; the array is {dname}.")
         tma_dtype = "TFLOAT32"
     itemsize = dtype.itemsize
     if interleave != Interleave.NONE and rank < 3:
         raise TensorMapError(
-            f"{who}: interleave={interleave.name} needs an array of rank 3 to 5; the {name} has rank {rank}."
+            f"{who}: interleave={interleave.name} needs an array of rank 3 to 5; the {layout.name} has rank {rank}."
         )
     check_address(who, layout, interleave)
     for axis, d in enumerate(layout.shape):
         if not 1 <= d <= _MAX_DIM:
             raise TensorMapError(
-                f"{who}: dimension {axis} of the {name} is {d}; TMA needs every dimension in 1..2**32."
+                f"{who}: dimension {axis} of the {layout.name} is {d}; TMA needs every dimension in 1..2**32."
             )
     if layout.strides[-1] != itemsize:
         raise TensorMapError(
-            f"{who}: the innermost (last) dimension of the {name} has a stride of {layout.strides[-1]} "
-            f"bytes; TMA needs it contiguous ({itemsize} bytes, one {dtype.name}). Make the array contiguous "
+            f"{who}: the innermost (last) dimension of the {layout.name} has a stride of {layout.strides[-1]} "
+            f"bytes; TMA needs it contiguous ({itemsize} bytes, one {dname}). Make the array contiguous "
             f"(e.g. .copy()) or transpose it so the contiguous axis is last."
         )
     stride_align = 32 if interleave == Interleave.B32 else 16
@@ -644,7 +648,7 @@ def validate_layout(who, layout, *, interleave, tf32, element=None):
         what = axis_names.get(axis, f"stride of dimension {axis}")
         if st <= 0:
             raise TensorMapError(
-                f"{who}: {what} of the {name} is {st} bytes; TMA needs positive strides."
+                f"{who}: {what} of the {layout.name} is {st} bytes; TMA needs positive strides."
             )
         if st % stride_align:
             hint = ""
@@ -652,14 +656,25 @@ def validate_layout(who, layout, *, interleave, tf32, element=None):
                 pad_elems = -(-st // stride_align) * stride_align // itemsize
                 hint = f" Pad the rows to {pad_elems} elements." if pad_elems * itemsize % stride_align == 0 else ""
             raise TensorMapError(
-                f"{who}: {what} of the {name} is {st} bytes; TMA needs every stride except the innermost "
+                f"{who}: {what} of the {layout.name} is {st} bytes; TMA needs every stride except the innermost "
                 f"to be a multiple of {stride_align} bytes.{hint}"
             )
         if st >= _MAX_STRIDE:
             raise TensorMapError(
-                f"{who}: {what} of the {name} is {st} bytes; TMA needs strides below 2**40 bytes."
+                f"{who}: {what} of the {layout.name} is {st} bytes; TMA needs strides below 2**40 bytes."
             )
     return tma_dtype
+
+
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype):
+    """``dtype.name``, remembered per dtype (NumPy builds the string on every access: microseconds)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
 
 
 def validate_oob_fill(who, layout, oob_fill, tma_dtype):
@@ -761,7 +776,7 @@ class TMADescriptor:
         self._numba_type = None
         self._descriptor = None  # cuda.core TensorMapDescriptor, encoded on first launch through numba
         self._core_stale = False  # (re-pointed since _descriptor was encoded: its address is replaced on next use)
-        self._device_id = None  # the device of the array, known once encoded (checked at launch)
+        self._device_id = None  # the device of the array (array_device), recorded when encoded (checked at launch)
         self._raw = None  # the driver's CUtensorMap (cuTensorMapEncode<_MODE>), encoded on first request
 
     # -- facts -------------------------------------------------------------------------------------
@@ -829,6 +844,15 @@ class TMADescriptor:
                 f"{layout.strides}. Build a new {self._WHO} for a different layout."
             )
         check_address(self._WHO, layout, self.interleave)
+        device = self._device_id
+        if device is not None:
+            new = array_device(array)
+            if new is not None and new != device:
+                raise TensorMapError(
+                    f"{self._WHO}.repoint: the new array is on device {new} but this {self._WHO} describes memory of "
+                    f"device {device} (and launches there); a descriptor stays with its device. Build a new "
+                    f"{self._WHO} for the array on device {new}."
+                )
         self._moved(array, layout.ptr)
         self._layout = layout
         return self
@@ -886,8 +910,12 @@ class TMADescriptor:
         """The ``cuda.core.TensorMapDescriptor`` numba's own launches pass by value (hook 2; encoded on first use
         through cuda.core, which calls ``cuTensorMapEncode<mode>``; cuda.core's launcher accepts only that type by
         value). Prepared launches pass :meth:`driver_tensor_map` instead."""
-        if self._core_stale:  # (re-pointed since encoded: cuda.core replaces the address now)
-            self._descriptor.replace_address(_LayoutArray(self._layout))
+        if self._core_stale:  # (re-pointed since encoded: cuda.core replaces the address now, in its device's context)
+            context = enter_device(self._device_id)
+            try:
+                self._descriptor.replace_address(_LayoutArray(self._layout))
+            finally:
+                leave_device(context)
             self._core_stale = False
         if self._descriptor is None:
             from cuda.core._tensor_map import (
@@ -899,51 +927,72 @@ class TMADescriptor:
             )
             from cuda.core.utils import StridedMemoryView
 
-            # With extent-1 dimensions, encode the strides numbatma validated (see array_layout).
-            source = _LayoutArray(self._layout) if 1 in self.shape else self._array
-            view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
-            self._device_id = getattr(view, "device_id", None)  # (checked at launch)
-            self._descriptor = self._core_descriptor(
-                view,
-                element_strides=self.element_strides,
-                data_type=getattr(TensorMapDataType, self.tma_dtype),
-                interleave=_CORE_INTERLEAVE[self.interleave](TensorMapInterleave),
-                swizzle=_CORE_SWIZZLE[self.swizzle](TensorMapSwizzle),
-                l2_promotion=_CORE_L2[self.l2_promotion](TensorMapL2Promotion),
-                oob_fill=_CORE_OOB[self.oob_fill](TensorMapOOBFill),
-            )
+            # cuda.core encodes for the current device only (it refuses an array of another device, and binds the
+            # descriptor to the context current then): encode with the array's device current.
+            device = array_device(self._array)
+            context = enter_device(device)
+            try:
+                # With extent-1 dimensions, encode the strides numbatma validated (see array_layout).
+                source = _LayoutArray(self._layout) if 1 in self.shape else self._array
+                view = StridedMemoryView.from_any_interface(source, stream_ptr=-1)
+                self._descriptor = self._core_descriptor(
+                    view,
+                    element_strides=self.element_strides,
+                    data_type=getattr(TensorMapDataType, self.tma_dtype),
+                    interleave=_CORE_INTERLEAVE[self.interleave](TensorMapInterleave),
+                    swizzle=_CORE_SWIZZLE[self.swizzle](TensorMapSwizzle),
+                    l2_promotion=_CORE_L2[self.l2_promotion](TensorMapL2Promotion),
+                    oob_fill=_CORE_OOB[self.oob_fill](TensorMapOOBFill),
+                )
+            finally:
+                leave_device(context)
+            self._device_id = device if device is not None else getattr(view, "device_id", None)  # (checked at launch)
         return self._descriptor
 
     def driver_tensor_map(self):
         """The driver's ``CUtensorMap`` (cuda.bindings) of this descriptor, encoded with ``cuTensorMapEncodeTiled`` /
         ``cuTensorMapEncodeIm2col`` on first use and kept: :meth:`repoint` re-points it in place. What prepared
         launches pass by value (its 128 bytes, read at each launch) and :meth:`to_bytes` returns. Needs the CUDA
-        driver."""
+        driver. Records the array's device (``_device_id``, checked at launch). ``cuTensorMapEncode*`` takes no device
+        or context (the 128 bytes hold the address and the layout; the same bytes serve any device that can reach
+        the memory) but may answer CUDA_ERROR_INVALID_CONTEXT without one: it is called with the array's device
+        current."""
         if self._raw is None:
             from cuda.bindings import driver
 
-            a = self._driver_args()
-            encode = "cuTensorMapEncode" + self._MODE
-            # Rank 1 has no global strides, but the driver refuses a NULL array (which is what an empty list
-            # becomes: CUDA_ERROR_INVALID_VALUE, seen on an H100): pass one it does not read (the row's bytes
-            # rounded up to 16, a valid stride if it were read).
-            strides = a["strides"] or (-(-self.shape[0] * self.dtype.itemsize // 16) * 16,)
-            err, tmap = getattr(driver, encode)(
-                getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + self.tma_dtype),
-                a["rank"],
-                a["address"],
-                [driver.cuuint64_t(d) for d in a["dims"]],
-                [driver.cuuint64_t(s) for s in strides],
-                *self._encode_mode_args(driver, a),
-                [driver.cuuint32_t(e) for e in a["element_strides"]],
-                getattr(driver.CUtensorMapInterleave, _DRV_INTERLEAVE[self.interleave]),
-                getattr(driver.CUtensorMapSwizzle, _DRV_SWIZZLE[self.swizzle]),
-                getattr(driver.CUtensorMapL2promotion, _DRV_L2[self.l2_promotion]),
-                getattr(driver.CUtensorMapFloatOOBfill, _DRV_OOB[self.oob_fill]),
-            )
-            check_driver(err, encode)
-            self._raw = tmap
+            device = array_device(self._array)
+            context = enter_device(device)
+            try:
+                self._raw = self._encode_driver(driver)
+            finally:
+                leave_device(context)
+            if device is not None:
+                self._device_id = device
         return self._raw
+
+    def _encode_driver(self, driver):
+        """``cuTensorMapEncode<_MODE>`` of this descriptor: the driver's ``CUtensorMap``."""
+        a = self._driver_args()
+        encode = "cuTensorMapEncode" + self._MODE
+        # Rank 1 has no global strides, but the driver refuses a NULL array (which is what an empty list
+        # becomes: CUDA_ERROR_INVALID_VALUE, seen on an H100): pass one it does not read (the row's bytes
+        # rounded up to 16, a valid stride if it were read).
+        strides = a["strides"] or (-(-self.shape[0] * self.dtype.itemsize // 16) * 16,)
+        err, tmap = getattr(driver, encode)(
+            getattr(driver.CUtensorMapDataType, "CU_TENSOR_MAP_DATA_TYPE_" + self.tma_dtype),
+            a["rank"],
+            a["address"],
+            [driver.cuuint64_t(d) for d in a["dims"]],
+            [driver.cuuint64_t(s) for s in strides],
+            *self._encode_mode_args(driver, a),
+            [driver.cuuint32_t(e) for e in a["element_strides"]],
+            getattr(driver.CUtensorMapInterleave, _DRV_INTERLEAVE[self.interleave]),
+            getattr(driver.CUtensorMapSwizzle, _DRV_SWIZZLE[self.swizzle]),
+            getattr(driver.CUtensorMapL2promotion, _DRV_L2[self.l2_promotion]),
+            getattr(driver.CUtensorMapFloatOOBfill, _DRV_OOB[self.oob_fill]),
+        )
+        check_driver(err, encode)
+        return tmap
 
     def to_bytes(self) -> bytes:
         """The 128-byte ``CUtensorMap`` (encoded with ``cuTensorMapEncodeTiled`` / ``cuTensorMapEncodeIm2col``),
@@ -960,3 +1009,23 @@ def _address_replacer():
 
     _replace_address = driver.cuTensorMapReplaceAddress
     return _replace_address
+
+
+# -- the device of numbatma's own array-like objects (numbatma.array_device) -----------------------------------------
+def _view_device(view):
+    owner = view.owner
+    if owner is not None:
+        device = array_device(owner)
+        if device is not None:
+            return device
+    return pointer_device(view._ptr)
+
+
+def _descriptor_device(descriptor):
+    device = descriptor._device_id
+    return device if device is not None else array_device(descriptor._array)
+
+
+register_reader(DeviceView, _view_device)
+register_reader(ArrayLayout, lambda layout: pointer_device(layout.ptr))
+register_reader(TMADescriptor, _descriptor_device)

@@ -5,7 +5,7 @@ raises, and ``tests/test_numba_internals.py`` checks that each hooked attribute 
 expected shape, so an upstream change fails loudly instead of silently miscompiling.
 
 The hooks, each installed by one function (:func:`install` runs 1-6, 8-9 and 11 on the GPU path, and 10 when
-the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator):
+the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator; 12 is applied to one kernel at a time):
 
 1. :func:`install_grid_constant_params`. ``numba.cuda.cudadrv.nvvm.set_cuda_kernel`` (called by
    ``kernel_fixup`` for every kernel, after the return-value argument is dropped): kernel parameters whose LLVM
@@ -14,10 +14,11 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator):
    ``const __grid_constant__ CUtensorMap``.
 2. :func:`install_descriptor_arguments`. ``numba.cuda.dispatcher._Kernel._prepare_args``: a TensorMap argument
    is handed to ``cuda.core.launch`` as its ``TensorMapDescriptor`` (128 bytes by value); a TensorMapArray as its
-   device address.
+   device address. Either must describe memory of the launching device (:func:`_check_device`; on a prepared
+   launch, of a peer it was given access to: ``numbatma.enable_peer_access``).
 3. :func:`install_launch_checks`. ``numba.cuda.dispatcher._Kernel.launch``: a launch whose dynamic plus static
    shared memory exceeds 48 KiB first raises the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``
-   (once per larger size); a kernel compiled for clusters (hook 8) checks its grid first.
+   (once per larger size and device); a kernel compiled for clusters (hook 8) checks its grid first.
 4. :func:`install_shared_array_type`. ``numba.cuda.cudadecl.Cuda_shared_array``: ``cuda.shared.array`` is typed
    as :class:`numbatma._types.SharedArray`, so TMA operations can reject non-shared operands at typing time.
 5. :func:`install_compile_ir`. ``numba.cuda.cudadrv.nvvm.compile_ir``: for sm_90 and older targets libNVVM
@@ -67,6 +68,17 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator):
    on its stream has finished; it waits with ``griddepcontrol.wait``). It composes with hook 8's cluster
    launches. Prepared launches (:func:`prepare_launch`) read the same scope themselves and launch dependent
    through ``cuLaunchKernelEx`` with :func:`launch_config`'s attribute.
+12. :func:`enable_disk_cache`. On-disk cache of numbatma's kernels (per kernel, not installed globally; used by
+   ``numbatma.kernels`` through ``numbatma.compile.enable_disk_cache``): the dispatcher's ``_cache`` (what
+   ``CUDADispatcher.enable_caching`` sets for ``cache=True``) becomes a subclass of ``numba.cuda.dispatcher.CUDACache``
+   whose ``_index_key`` is upstream's ``(sig, codegen.magic_tuple(), numba_cuda.__version__, (sha256 of the
+   bytecode, sha256 of X))`` with X an explicit key string instead of the cloudpickle of the closure cells (which
+   holds other dispatchers and differs from process to process), plus upstream's launch-config entry and hook 10's
+   debug key. Its ``_load_overload`` / ``_save_overload`` (upstream's, with the index key stored next to the data
+   and compared on load, so a data file another process's save overwrote is a miss, never another kernel; any
+   error is a warning and a miss, never a failed launch) also give a loaded kernel back its ``launch_bounds``,
+   which ``_Kernel._rebuild`` drops (hook 3 and prepared launches read its cluster shape there). Upstream
+   objects relied on: :func:`_disk_cache_hook_points`.
 
 Prepared launches (:func:`prepare_launch`, no patching) do once what ``numba.cuda.dispatcher._Kernel.launch`` does
 per launch - the arguments marshalled by ``_Kernel._prepare_args`` (hook 2 in front) - and then what cuda.core's
@@ -211,17 +223,44 @@ def current_device_id():
     return get_context().device.id
 
 
-def _check_device(val, ty):
-    current = current_device_id()
-    if val._device_id != current:
-        from ._descriptor_base import TensorMapError
+# The device of the prepared launch being built or patched (prepare_launch, PreparedLaunch.update), per thread: hook 2
+# checks descriptors against it and accepts those of a peer the device may access (numbatma.enable_peer_access).
+# Unset for numba's own launches, which pass cuda.core's descriptor: bound to its array's device, so no peers there.
+_prepared_device = threading.local()
 
-        kind = type(val).__name__
-        raise TensorMapError(
-            f"{kind}: this {kind} describes memory of device {val._device_id}, but the kernel launches on device "
-            f"{current}; TMA would read device {val._device_id}'s addresses on device {current}. Build the {kind} "
-            f"from an array on device {current}, or launch within cuda.gpus[{val._device_id}]."
-        )
+
+def _check_device(val, ty):
+    """A descriptor (or array of descriptors) launched on another device than its memory's: TensorMapError, naming
+    both devices and the fix. On a prepared launch's device (``_prepared_device``) a TensorMap of a peer's memory
+    passes once ``numbatma.enable_peer_access(device, peer)`` was called."""
+    prepared = getattr(_prepared_device, "device", None)
+    current = current_device_id() if prepared is None else prepared
+    have = val._device_id
+    if have == current:
+        return
+    from ._descriptor_base import TensorMapError, TMADescriptor
+    from .devices import peer_access_enabled
+
+    kind = type(val).__name__
+    peer = isinstance(val, TMADescriptor) and peer_access_enabled(current, have)
+    if peer and prepared is not None:
+        return
+    if peer:
+        fix = (f" Peer access from device {current} to device {have} is enabled, but numba's own launch passes "
+               f"cuda.core's descriptor, which is bound to device {have}: launch through numbatma.prepare_launch (or a "
+               f"numbatma.kernels plan) to use device {have}'s memory from device {current}.")
+    elif isinstance(val, TMADescriptor):
+        fix = (f" To read and write it from device {current} over NVLink instead, call "
+               f"numbatma.enable_peer_access({current}, {have}) and launch through numbatma.prepare_launch (or a "
+               f"numbatma.kernels plan).")
+    else:
+        fix = ""
+    where = "the prepared launch runs" if prepared is not None else "the kernel launches"
+    raise TensorMapError(
+        f"{kind}: this {kind} describes memory of device {have}, but {where} on device {current}; TMA would read "
+        f"device {have}'s addresses on device {current}. Build the {kind} from an array on device {current}, or "
+        f"launch with device {have} current (with cuda.gpus[{have}]: or torch.cuda.device({have})).{fix}"
+    )
 
 
 def _wrong_argument(ty, val):
@@ -255,20 +294,27 @@ def install_descriptor_arguments():
 
 # -- hook 3: > 48 KiB dynamic shared memory (and the launch's cluster-grid check) ------------------------
 def _ensure_dynamic_smem(kernel, nbytes):
-    """Raise the kernel's dynamic shared memory limit to ``nbytes`` (numba-cuda loads kernels through
-    cuLibrary, so the handle is a CUkernel: ``cuKernelSetAttribute``)."""
+    """Raise the kernel's dynamic shared memory limit to ``nbytes`` on the current device (numba-cuda loads kernels
+    through cuLibrary, once per device: the handle is that device's CUkernel, ``cuKernelSetAttribute`` with the
+    device). What each device was granted is kept per device (``_numbatma_dynamic_smem``: {device ordinal: bytes}):
+    a launch on another device raises that device's limit too."""
+    from .devices import current_device
+
     granted = getattr(kernel, "_numbatma_dynamic_smem", None)
-    if granted is not None and nbytes <= granted:
+    if granted is None:
+        granted = kernel._numbatma_dynamic_smem = {}
+    have = granted.get(current_device())
+    if have is not None and nbytes <= have:
         return
     from cuda.bindings import driver
 
     cufunc = kernel._codelibrary.get_cufunc()
     static = int(cufunc.attrs.shared)
-    if granted is None:  # without the attribute, static + dynamic may reach 48 KiB
-        kernel._numbatma_dynamic_smem = granted = _DEFAULT_DYNAMIC_SMEM_LIMIT - static
-        if nbytes <= granted:
-            return
     device_id = cufunc.device.id
+    if device_id not in granted:  # without the attribute, static + dynamic may reach 48 KiB
+        granted[device_id] = _DEFAULT_DYNAMIC_SMEM_LIMIT - static
+        if nbytes <= granted[device_id]:
+            return
     err, limit = driver.cuDeviceGetAttribute(
         driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device_id
     )
@@ -285,7 +331,7 @@ def _ensure_dynamic_smem(kernel, nbytes):
     )
     if res != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) failed: {res.name}")
-    kernel._numbatma_dynamic_smem = nbytes
+    granted[device_id] = nbytes
 
 
 def compiled_kernel(dispatcher, args):
@@ -365,7 +411,13 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, s
     The arguments are marshalled by numba-cuda's own ``_Kernel._prepare_args`` (hook 2 for descriptors), then laid
     out once in a :class:`KernelParams` block; where the driver tells the kernel's parameter sizes
     (``cuKernelGetParamInfo``, CUDA 12.4+) they are checked against that layout now, so a layout numba-cuda
-    changed fails here, loudly, not at the launch."""
+    changed fails here, loudly, not at the launch.
+
+    Devices: the launch belongs to the device current now (the compiled kernel is loaded there; its descriptors must
+    describe that device's memory, or a peer's it may access: ``numbatma.enable_peer_access``) and every run goes
+    there: in a process that sees several devices a run compares the calling thread's current context with the
+    prepared one (``cuCtxGetCurrent``) and, where another is current, launches with the prepared one pushed for the
+    launch (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``); the stream must then be one of that device."""
     kernel = compiled_kernel(dispatcher, args)
     if kernel.debug or getattr(kernel, "cooperative", False):
         return None
@@ -373,33 +425,46 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, s
     dims = getattr(getattr(kernel, "launch_bounds", None), "cluster_dims", None)
     if dims is not None:  # (compiled cluster shape: the driver takes it from the kernel; no launch attribute)
         check_grid(grid, dims)
+    cufunc = kernel._codelibrary.get_cufunc()
+    device = getattr(getattr(cufunc, "device", None), "id", None)  # (the device current now: where this launches)
     sources = tuple(args if sources is None else sources)
     kernelargs, writeback, slots, descriptors = [], [], [], {}
-    for ty, value, source in zip(kernel.argument_types, args, sources):
-        start = len(kernelargs)
-        kernel._prepare_args(ty, value, 0, writeback, kernelargs)
-        slot = _argument_slot(ty, source, kernelargs, start)
-        if slot[0] == "descriptor":
-            if slot[2] - start != 1:
-                return None
-            descriptors[start] = value.driver_tensor_map()  # (what the launch passes: see KernelParams)
-        slots.append(slot)
+    _prepared_device.device = device  # (hook 2 checks descriptors against it, peers allowed)
+    try:
+        for ty, value, source in zip(kernel.argument_types, args, sources):
+            start = len(kernelargs)
+            kernel._prepare_args(ty, value, 0, writeback, kernelargs)
+            slot = _argument_slot(ty, source, kernelargs, start)
+            if slot[0] == "descriptor":
+                if slot[2] - start != 1:
+                    return None
+                descriptors[start] = value.driver_tensor_map()  # (what the launch passes: see KernelParams)
+            slots.append(slot)
+    finally:
+        _prepared_device.device = None
     if writeback:  # (a host array: numba copies it to the device and back around each launch)
         return None
     params = KernelParams.build(kernelargs, descriptors)
     if params is None:
         return None
-    cufunc = kernel._codelibrary.get_cufunc()
     check_params(kernel, cufunc.handle, params, slots)
     from cuda.bindings import driver
 
-    run = PreparedLaunch()
+    from .devices import device_count
+
+    several = device is not None and device_count() > 1  # (one device: every context is its; nothing to compare)
+    run = ContextLaunch() if several else PreparedLaunch()
     run.dispatcher, run.kernel, run.function = dispatcher, kernel, driver.CUfunction(int(cufunc.handle))
     run.grid, run.block, run.shared_mem = _dims3(grid), _dims3(block), int(shared_mem)
     run.dependent, run.scoped, run.slots, run.params = bool(dependent), scoped, tuple(slots), params
     run.sources = run.keep_alive = sources
     run._launch, run._launch_ex = driver.cuLaunchKernel, driver.cuLaunchKernelEx
     run._stream_memo = run._dependent_memo = (None, None)
+    run.device, run.context = device, None
+    if several:
+        err, context = driver.cuCtxGetCurrent()
+        run.context = context if not err and int(context) else None
+        run._current, run._push, run._pop = driver.cuCtxGetCurrent, driver.cuCtxPushCurrent, driver.cuCtxPopCurrent
     return run
 
 
@@ -412,10 +477,15 @@ class PreparedLaunch:
 
     ``stream``: what numba's launch takes (0, a numba stream, a cuda.core stream) or a raw ``CUstream`` handle (an
     int). A descriptor argument is passed from the descriptor's own encoded ``CUtensorMap``
-    (:meth:`numbatma.TensorMap.driver_tensor_map`): re-pointing it in place is seen by the next run."""
+    (:meth:`numbatma.TensorMap.driver_tensor_map`): re-pointing it in place is seen by the next run.
+
+    ``device``: the device it was prepared on (None: unknown, offline), where every run goes. In a process that sees
+    one device that is all there is to it; where it sees several, the launch is a :class:`ContextLaunch`, which
+    compares the current context with the one it was prepared in (``context``) at each run."""
 
     __slots__ = ("dispatcher", "kernel", "function", "grid", "block", "shared_mem", "dependent", "scoped", "slots",
-                 "params", "sources", "keep_alive", "_launch", "_launch_ex", "_stream_memo", "_dependent_memo")
+                 "params", "sources", "keep_alive", "_launch", "_launch_ex", "_stream_memo", "_dependent_memo",
+                 "device", "context", "_current", "_push", "_pop")
 
     def __call__(self, stream=0):
         seen, handle = self._stream_memo
@@ -479,6 +549,33 @@ class PreparedLaunch:
         return True
 
 
+class ContextLaunch(PreparedLaunch):
+    """A :class:`PreparedLaunch` in a process that sees several devices: a run compares the calling thread's current
+    context with the one the launch was prepared in (``context``: one ``cuCtxGetCurrent``) and, where another is
+    current, launches with its own pushed for the launch (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``): the kernel
+    runs on the device it was prepared on (where it is loaded and its descriptors' memory is), whatever device is
+    current. The stream must be one of that device."""
+
+    __slots__ = ()
+
+    def __call__(self, stream=0):
+        context = self.context
+        if context is None or self._current()[1] == context:
+            return PreparedLaunch.__call__(self, stream)
+        err = self._push(context)[0]
+        if err:
+            _launch_failed(err, self, True)
+        try:
+            PreparedLaunch.__call__(self, stream)
+        except Exception as exc:  # noqa: BLE001 - a launch the driver refused: said again, with where it ran
+            code = getattr(exc, "code", None)
+            if code is None:
+                raise
+            _launch_failed(code, self, True)
+        finally:
+            self._pop()
+
+
 def cu_stream(stream):
     """The ``CUstream`` (cuda.bindings) of a stream as a prepared run takes it: 0 / None, a numba stream, what
     numba's launch accepts besides (a cuda.core stream: ``_to_core_stream``), or a raw handle (an int)."""
@@ -495,7 +592,7 @@ def cu_stream(stream):
     return driver.CUstream(int(_to_core_stream(stream).handle))
 
 
-def _launch_failed(err, run):
+def _launch_failed(err, run, elsewhere=False):
     from cuda.bindings import driver
     from numba.cuda.cudadrv.driver import CudaAPIError
 
@@ -505,9 +602,13 @@ def _launch_failed(err, run):
         text = None
     name = getattr(run.dispatcher, "__name__", None) or getattr(getattr(run.dispatcher, "py_func", None),
                                                                   "__name__", "kernel")
+    where = ""
+    if elsewhere:  # (run with its own context pushed: the calling thread's current device is another)
+        where = (f"; it runs on device {run.device}, where it was prepared, while the calling thread's current device "
+                 f"is another: the stream must be one of device {run.device}")
     raise CudaAPIError(err, f"launching {name} (grid {run.grid}, block {run.block}, {run.shared_mem} bytes of "
                             f"dynamic shared memory) failed: {getattr(err, 'name', err)}: "
-                            f"{text.decode() if text else ''}")
+                            f"{text.decode() if text else ''}{where}")
 
 
 # -- the kernel parameter block -----------------------------------------------------------------------------------
@@ -740,7 +841,11 @@ def _patched_slot(run, slot, new):
     if kind == "descriptor":
         if getattr(new, "numba_type", None) != ty:
             return None
-        _prepare_numbatma_arg(ty, new, values)  # (the checks of a launch: the argument's kind, its device)
+        _prepared_device.device = run.device  # (the checks of a launch: the argument's kind, its device)
+        try:
+            _prepare_numbatma_arg(ty, new, values)
+        finally:
+            _prepared_device.device = None
         values = [new.driver_tensor_map()]
     elif kind == "scalar":
         try:
@@ -1390,6 +1495,133 @@ def install_dependent_launches():
 
 
 
+# -- hook 12: on-disk cache of numbatma's kernels -------------------------------------------------------------
+_KeyedCache = None  # the CUDACache subclass, made on first use (numba.cuda.dispatcher is not imported before)
+_cache_warned = set()
+
+
+def _disk_cache_hook_points():
+    """The upstream objects hook 12 relies on (tests check they exist and keep the shape the subclass mirrors)."""
+    from numba.cuda import dispatcher
+    from numba.cuda.core import caching
+
+    return {
+        "CUDADispatcher.enable_caching": (dispatcher.CUDADispatcher, "enable_caching"),
+        "CUDADispatcher.compile": (dispatcher.CUDADispatcher, "compile"),
+        "CUDACache._index_key": (dispatcher.CUDACache, "_index_key"),
+        "CUDACache.load_overload": (dispatcher.CUDACache, "load_overload"),
+        "Cache._index_key": (caching.Cache, "_index_key"),
+        "Cache._load_overload": (caching.Cache, "_load_overload"),
+        "Cache._save_overload": (caching.Cache, "_save_overload"),
+        "IndexDataCacheFile.save": (caching.IndexDataCacheFile, "save"),
+        "IndexDataCacheFile.load": (caching.IndexDataCacheFile, "load"),
+        "_Kernel._rebuild": (dispatcher._Kernel, "_rebuild"),
+    }
+
+
+def _cache_warning(what, cache, exc):
+    """Warn (once per process and kind of failure) that the on-disk cache could not ``what`` a kernel."""
+    import warnings
+
+    if what in _cache_warned:
+        return
+    _cache_warned.add(what)
+    warnings.warn(
+        f"numbatma: the on-disk kernel cache could not {what} {cache._name} ({type(exc).__name__}: {exc}); the "
+        f"kernel is compiled instead (further such failures are not reported)", RuntimeWarning, stacklevel=3,
+    )
+
+
+def _keyed_cache_class():
+    """numba-cuda's ``CUDACache`` with an explicit key in place of the hash of the closure cells (made once)."""
+    global _KeyedCache
+    if _KeyedCache is not None:
+        return _KeyedCache
+    import hashlib
+
+    import numba_cuda
+    from numba.cuda import dispatcher
+
+    def sha256(data):
+        return hashlib.sha256(data).hexdigest()
+
+    class KeyedCUDACache(dispatcher.CUDACache):
+        """The on-disk cache of one kernel whose identity is ``key`` (a string naming everything its code depends
+        on besides the bytecode): the index key is upstream's with ``sha256(key)`` where upstream hashes a
+        cloudpickle of the closure cells."""
+
+        def __init__(self, py_func, key, targetoptions):
+            super().__init__(py_func)
+            self.numbatma_key = key
+            self._key_digest = sha256(key.encode())
+            self._code_digest = sha256(py_func.__code__.co_code)
+            self._targetoptions = targetoptions  # (the dispatcher's own dict: launch_bounds as compiled)
+
+        def _index_key(self, sig, codegen):
+            # upstream (Cache._index_key): (sig, magic tuple, numba-cuda version, (bytecode hash, cells hash))
+            key = (sig, codegen.magic_tuple(), numba_cuda.__version__, (self._code_digest, self._key_digest))
+            if self._launch_config_key is not None:  # (CUDACache._index_key)
+                key += (("launch_config", self._launch_config_key),)
+            from . import debug
+
+            extra = debug.cache_key()  # (hook 10)
+            return key if extra is None else key + (extra,)
+
+        def _load_overload(self, sig, target_context):
+            if not self._enabled:
+                return None
+            try:
+                key = self._index_key(sig, target_context.codegen())
+                data = self._cache_file.load(key)
+                # (stored as (key, payload): a data file that a concurrent save of another entry overwrote - the
+                # index numbers data files per process - holds another key and is a miss)
+                if not (isinstance(data, tuple) and len(data) == 2 and data[0] == key):
+                    return None
+                kernel = self._impl.rebuild(target_context, data[1])
+            except Exception as exc:  # (a damaged or foreign file: compile instead)
+                _cache_warning("load", self, exc)
+                return None
+            kernel.launch_bounds = self._targetoptions.get("launch_bounds")  # (_Kernel._rebuild drops it)
+            return kernel
+
+        def _save_overload(self, sig, data):
+            if not self._enabled:
+                return
+            try:
+                if not self._impl.check_cachable(data):
+                    return
+                self._impl.locator.ensure_cache_path()
+                key = self._index_key(sig, data.codegen)
+                self._cache_file.save(key, (key, self._impl.reduce(data)))
+            except Exception as exc:  # (unwritable directory, a kernel numba cannot serialise: just no cache)
+                _cache_warning("save", self, exc)
+
+    _KeyedCache = KeyedCUDACache
+    return _KeyedCache
+
+
+def enable_disk_cache(dispatcher, key):
+    """Turn on numba-cuda's on-disk cache for ``dispatcher`` (a ``cuda.jit`` kernel, not a device function), keyed
+    by ``key`` (a non-empty string) instead of the contents of the kernel's closure cells: kernels whose code
+    depends on anything besides their bytecode (closures of a factory, device functions they call) must have
+    that in ``key``. Files go where ``cache=True`` puts them (``NUMBA_CACHE_DIR``, else ``__pycache__`` beside
+    the kernel's source when writable, else numba's user-wide cache directory); every closure of one factory
+    shares one index file, an entry per key and signature. Returns ``dispatcher``."""
+    from numba.cuda import dispatcher as nbdispatcher
+
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"enable_disk_cache: key must be a non-empty string, got {key!r}")
+    if not isinstance(dispatcher, nbdispatcher.CUDADispatcher) or dispatcher.targetoptions.get("device"):
+        raise TypeError(f"enable_disk_cache takes a cuda.jit kernel (not a device function), got {dispatcher!r}")
+    dispatcher._cache = _keyed_cache_class()(dispatcher.py_func, key, dispatcher.targetoptions)
+    return dispatcher
+
+
+def disk_cache_key(dispatcher):
+    """The key :func:`enable_disk_cache` gave ``dispatcher``, or None when it has none."""
+    return getattr(getattr(dispatcher, "_cache", None), "numbatma_key", None)
+
+
 # -- accessors: numba-cuda private names the other modules use ----------------------------------------------
 def intrinsic(*args, **options):
     """numba-cuda's ``@intrinsic`` decorator for the CUDA target (``numba.cuda.extending._intrinsic``):
@@ -1494,7 +1726,7 @@ def install():
     from ._types import TensorMapArrayType, TensorMapType
 
     _TensorMapType, _TensorMapArrayType, _DeviceView = TensorMapType, TensorMapArrayType, DeviceView
-    for label, (owner, attr) in _hook_points().items():
+    for label, (owner, attr) in {**_hook_points(), **_disk_cache_hook_points()}.items():
         if not callable(getattr(owner, attr, None)):
             raise ImportError(f"numbatma: numba-cuda no longer has {label}; this numba-cuda is not supported.")
     install_grid_constant_params()  # 1

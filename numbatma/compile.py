@@ -102,3 +102,23 @@ def sass(cubin: bytes) -> str:
         return subprocess.run([_tool("cuobjdump"), "-sass", path], check=True, capture_output=True, text=True).stdout
     finally:
         os.unlink(path)
+
+
+def enable_disk_cache(kernel, key):
+    """Turn on Numba's on-disk cache (what ``cuda.jit(cache=True)`` does) for ``kernel``, a ``@cuda.jit`` kernel
+    (not a device function), with ``key`` - a string naming everything the kernel's code depends on besides its
+    own bytecode (the factory and arguments that made a closure, the source of the device functions it calls) -
+    in place of Numba's hash of the closure's cells, which changes from process to process when the cells hold
+    other kernels or device functions. Where the files go: as for ``cache=True`` (``NUMBA_CACHE_DIR``, else
+    ``__pycache__`` beside the source, else Numba's user-wide cache directory). Returns ``kernel``.
+    ``numbatma.kernels`` uses it for its ready-made kernels (see docs/kernels.md)."""
+    from . import _numba_internals
+
+    return _numba_internals.enable_disk_cache(kernel, key)
+
+
+def disk_cache_key(kernel):
+    """The key :func:`enable_disk_cache` gave ``kernel``, or None when its on-disk cache is not numbatma's."""
+    from . import _numba_internals
+
+    return _numba_internals.disk_cache_key(kernel)

@@ -36,7 +36,10 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     descriptors replaced by others of the same type and scalars of the same type into the parameter block and
     returns True, or returns False (nothing changed) where it cannot; a descriptor re-pointed in place
     (:meth:`numbatma.TensorMap.repoint`) needs neither. Writing new data into the same arrays needs nothing. The
-    prepared launch keeps ``args`` alive. ``run(stream)`` takes what numba's launch takes (and, prepared, a raw
+    prepared launch keeps ``args`` alive. It belongs to the device current when it is prepared and always launches
+    there (a run made with another device current pushes that device's context for the launch; the stream must be
+    one of that device); its TensorMaps must describe that device's memory, or a peer's it was given access to
+    (:func:`numbatma.enable_peer_access`). ``run(stream)`` takes what numba's launch takes (and, prepared, a raw
     ``CUstream`` handle: an int). Under the CUDA simulator, in debug builds, for host (NumPy) array arguments and
     for an argument the parameter block does not lay out (a complex Python number, a record) it simply launches
     through numba each time (and has no ``update``).
@@ -44,9 +47,9 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     ``dependent=True``: every run is a programmatic dependent launch (``cuLaunchKernelEx`` with the programmatic
     stream serialization attribute): the kernel may start before the previous kernel on ``stream``
     has finished, and must call ``griddepcontrol_wait()`` before it reads (or overwrites) what that kernel
-    writes. A run made inside :func:`dependent_launch` is dependent too, unless ``scoped=False`` (what the plans of
-    :mod:`numbatma.kernels` use: their kernels do not call ``griddepcontrol_wait`` yet, so they must never launch
-    dependent). When the launch goes through numba (the cases above) on a GPU, the attribute is set by the same
+    writes. A run made inside :func:`dependent_launch` is dependent too, unless ``scoped=False`` (for a kernel that does
+    not call ``griddepcontrol_wait``: it must never launch dependent; every kernel of :mod:`numbatma.kernels` does
+    call it, so their plans follow the enclosing :func:`dependent_launch`). When the launch goes through numba (the cases above) on a GPU, the attribute is set by the same
     hook as :func:`dependent_launch`'s. Under the simulator ``dependent`` is accepted and has no effect: the
     simulator runs launches one after another."""
     sources = tuple(args)

@@ -25,7 +25,7 @@ import sys
 
 from ._env import SIMULATING
 
-__all__ = ["as_stream", "default_stream", "stream_handle", "torch_device", "torch_stream"]
+__all__ = ["as_stream", "default_stream", "stream_device", "stream_handle", "torch_device", "torch_stream"]
 
 
 def stream_handle(stream):
@@ -102,16 +102,16 @@ def torch_device(arrays):
 
 
 def torch_stream(device):
-    """torch's current stream on ``device`` (a torch device), as numba-cuda takes it (:func:`as_stream`). Through
-    ``torch._C._cuda_getCurrentRawStream(index)`` (the handle itself: what torch's generated code calls) where torch
-    has it, else ``torch.cuda.current_stream(device).cuda_stream`` (builds a Stream object: a few µs)."""
+    """torch's current stream on ``device`` (a torch device or its index), as numba-cuda takes it (:func:`as_stream`).
+    Through ``torch._C._cuda_getCurrentRawStream(index)`` (the handle itself: what torch's generated code calls) where
+    torch has it, else ``torch.cuda.current_stream(device).cuda_stream`` (builds a Stream object: a few µs)."""
     torch = sys.modules["torch"]
     module, raw = _raw_getter
     if module is not torch:
         raw = _raw_stream_getter(torch)
     handle = None
     if raw is not None:
-        index = getattr(device, "index", None)
+        index = getattr(device, "index", device)  # (a torch device's index; an int as it is)
         if isinstance(index, int):
             try:
                 handle = raw(index)
@@ -130,3 +130,32 @@ def _raw_stream_getter(torch):
     raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
     _raw_getter = (torch, raw if callable(raw) else None)
     return _raw_getter[1]
+
+
+def stream_device(stream):
+    """The device ``stream`` belongs to where the object says so without a driver call (a torch stream's
+    ``device_index``, a CuPy stream's ``device_id``, a cuda.core stream's ``device``); None for anything else (a raw
+    handle, a numba stream, 0 / None). Which attribute a stream class has is decided once per class."""
+    read = _STREAM_DEVICES.get(type(stream))
+    if read is None:
+        read = _STREAM_DEVICES[type(stream)] = _stream_device_reader(type(stream))
+    try:
+        device = read(stream)
+    except Exception:  # noqa: BLE001 - (an attribute that is not what it looks like: not checked)
+        return None
+    return device if isinstance(device, int) and not isinstance(device, bool) and device >= 0 else None
+
+
+_STREAM_DEVICES = {}  # stream class -> its reader
+
+
+def _stream_device_reader(cls):
+    if issubclass(cls, (int, type(None))):
+        return lambda s: None
+    if hasattr(cls, "device_index"):  # torch.cuda.Stream / ExternalStream
+        return lambda s: s.device_index
+    if hasattr(cls, "device_id"):  # CuPy
+        return lambda s: s.device_id
+    if cls.__module__.split(".")[0] == "cuda" and hasattr(cls, "device"):  # cuda.core
+        return lambda s: s.device.device_id
+    return lambda s: None

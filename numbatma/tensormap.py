@@ -31,6 +31,7 @@ from ._descriptor_base import (  # noqa: F401  (the public names are exported fr
     Swizzle,
     TensorMapError,
     TMADescriptor,
+    _dtype_name,
     _FP8_DTYPES,
     _FP8_NAMES,
     array_layout,
@@ -150,7 +151,9 @@ class TensorMap(TMADescriptor):
             raise TensorMapError(
                 f"TensorMap: the {layout.name} has rank {rank}; TMA descriptors describe rank 1 to 5."
             )
-        counted = f"the {layout.name} has {rank} dimensions"
+        def counted():
+            return f"the {layout.name} has {rank} dimensions"
+
         self.box = int_tuple("TensorMap", "box", box, rank, counted)
         self.element_strides = (
             (1,) * rank
@@ -238,7 +241,7 @@ def store_overhang_error(op, dtype_name, itemsize, overhang, extent=None):
 def _fp8_element(layout, element):
     """The float8 element ("e4m3" / "e5m2") of a TensorMap, or None: given, or implied by a float8 array."""
     dtype = layout.dtype
-    implied = _FP8_DTYPES.get(dtype.name)
+    implied = _FP8_DTYPES.get(_dtype_name(dtype))
     if element is None:
         return implied
     if element not in FP8_ELEMENTS:
@@ -340,8 +343,19 @@ class TensorMapArray:
             self.device_array = None
             return
         raw = np.frombuffer(b"".join(t.to_bytes() for t in tensormaps), dtype=np.uint8).reshape(len(tensormaps), 128)
+        here = cuda.get_current_device().id  # (where the bytes go, and kernels reading them run: checked at launch)
+        from .devices import peer_access_enabled
+
+        for i, t in enumerate(tensormaps):
+            if t._device_id is not None and not peer_access_enabled(here, t._device_id):
+                raise TensorMapError(
+                    f"TensorMapArray: item {i} describes memory of device {t._device_id}, but the array of descriptors "
+                    f"is made on device {here} (the current device), where the kernels reading it run. Make it with "
+                    f"device {t._device_id} current (with cuda.gpus[{t._device_id}]: or "
+                    f"torch.cuda.device({t._device_id})), or call numbatma.enable_peer_access({here}, {t._device_id})."
+                )
         self.device_array = cuda.to_device(raw)
-        self._device_id = cuda.get_current_device().id  # (checked at launch)
+        self._device_id = here
         self._numba_type = None
 
     def __len__(self):

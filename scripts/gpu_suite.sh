@@ -2,6 +2,7 @@
 # The whole GPU verification in one command, for the device machine (H100/H200):
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
 #   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, launch, gemm, attention, probes, sweep,
+#                                                        # pdl, compile, peer (2 GPUs),
 #                                                        # sanitize: compute-sanitizer, runs beside the others)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
@@ -40,6 +41,15 @@ if [[ $parts == *" launch "* ]]; then  # a user kernel's launch with a TensorMap
 fi
 if [[ $parts == *" host "* || $parts == *" bench "* ]]; then  # host time per call against torch (benchmarks/host_path.py)
   timeout 300 python3 "$repo/benchmarks/host_path.py" ${HOST_ARGS:-} 2>&1 | tee "$out/host_path.log" || status=1
+fi
+if [[ $parts == *" pdl "* ]]; then  # a chain of two plans with and without programmatic dependent launch
+  timeout 300 python3 "$repo/benchmarks/pdl_chain.py" --out "$out" ${PDL_ARGS:-} 2>&1 | tee "$out/pdl_chain.log" || status=1
+fi
+if [[ $parts == *" compile "* ]]; then  # first-call compile per kernel: cold and from the on-disk cache
+  timeout 400 python3 "$repo/benchmarks/compile_times.py" --json "$out/compile_times.json" 2>&1 | tee "$out/compile_times.log" || status=1
+fi
+if [[ $parts == *" peer "* ]]; then  # TMA over NVLink: a copy from another GPU's memory (needs 2 GPUs)
+  timeout 300 python3 "$repo/benchmarks/peer_tma.py" 2>&1 | tee "$out/peer_tma.log" || status=1
 fi
 if [[ $parts == *" attention "* ]]; then  # attention forward against torch SDPA cuDNN / flash (benchmarks/attention.py)
   timeout ${ATTENTION_TIMEOUT:-500} python3 "$repo/benchmarks/attention.py" ${ATTENTION_ARGS:-} 2>&1 | tee "$out/attention.log" || status=1

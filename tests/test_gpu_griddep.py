@@ -136,3 +136,38 @@ def test_intrinsics_in_a_kernel_launched_normally():
     consume[_grid(), THREADS, stream, 0](y, dw, z)
     finish[_grid(), THREADS, stream, 0](z, out)
     _check(z, out, want_z, want_out, stream)
+
+
+@pytest.mark.parametrize("repeat", range(2))
+def test_dependent_chain_of_plans(repeat):
+    """Ready-made kernels launched dependent (plans and function forms inside ``numbatma.dependent_launch()``)
+    after the slow producer: each waits for the kernel before it, so every result is right (outputs poisoned
+    first). The chain: produce y; StreamCopy y -> a; Softmax a -> s; RowSum s -> r (each row sums to 1);
+    transpose s -> t; Axpy 2*t + t -> u; copy u -> v (function forms among them)."""
+    from numbatma.kernels import Axpy, RowSum, Softmax, StreamCopy, stream_copy, transpose
+
+    stream = cuda.stream()
+    rows, cols = 600, 500  # (N = 300_000 = rows * cols: the producer writes y, viewed as (rows, cols))
+    x, _, _, _ = _data()
+    dx = cuda.to_device(x, stream=stream)
+    y = _poisoned(N, stream)
+    a, s = _poisoned(N, stream).reshape(rows, cols), _poisoned(N, stream).reshape(rows, cols)
+    r = _poisoned(rows, stream)
+    t, u, v = (_poisoned(N, stream).reshape(cols, rows) for _ in range(3))
+    stream.synchronize()
+    plans = [StreamCopy(y.reshape(rows, cols), a), Softmax(a, s), RowSum(s, r)]
+    produce[_grid(), THREADS, stream, 0](dx, y, np.uint32(DELAY_NS))
+    with numbatma.dependent_launch():
+        for plan in plans:
+            plan.launch(stream)
+        transpose(s, t, stream=stream)
+        Axpy(2.0, t, t, u).launch(stream)
+        stream_copy(u, v, stream=stream)
+    stream.synchronize()
+    want_y = (2.0 * x + 1.0).reshape(rows, cols)
+    np.testing.assert_array_equal(a.copy_to_host(), want_y)
+    e = np.exp(want_y - want_y.max(axis=1, keepdims=True))
+    want_s = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(s.copy_to_host(), want_s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r.copy_to_host(), np.ones(rows), rtol=1e-5)
+    np.testing.assert_allclose(v.copy_to_host(), 3.0 * want_s.T, rtol=1e-5, atol=1e-6)

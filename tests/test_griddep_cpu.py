@@ -286,9 +286,9 @@ def test_gpu_test_kernels_compile(arch):
     assert before.count("ld.global") == 1 and after.count("ld.global") == 1  # (its own input w before; y after)
 
 
-def test_plans_ignore_the_dependent_scope(monkeypatch):
-    """The ready-made kernels do not call griddepcontrol_wait: their prepared runs stay ordinary launches inside
-    numbatma.dependent_launch()."""
+def test_plans_follow_the_dependent_scope(monkeypatch):
+    """The ready-made kernels call griddepcontrol_wait before they touch memory: their prepared runs are scoped,
+    so inside numbatma.dependent_launch() they launch dependent (and outside it they do not)."""
     import numbatma
     from numbatma import _numba_internals as internals
 
@@ -309,4 +309,55 @@ def test_plans_ignore_the_dependent_scope(monkeypatch):
 
     with numbatma.dependent_launch():
         assert Tiny().launch() == "out"
-    assert seen == [(False, False)]
+    assert seen == [(False, True)]  # (not dependent by itself; scoped: the enclosing dependent_launch decides)
+
+
+# Global memory accesses a kernel of numbatma.kernels may make (PTX mnemonics' prefixes).
+_GLOBAL_ACCESS = ("ld.global", "st.global", "red.global", "atom.global", "cp.async.bulk", "cp.reduce.async.bulk")
+
+
+def _plan_cases():
+    import numpy as np
+
+    from fakes import FakeCudaArray
+    from numbatma.kernels import (Attention, Axpy, Gemm, Laplacian5, RowSum, Softmax, StreamCopy, TmaCopy,
+                                  Transpose)
+
+    def fa(shape, dtype=np.float32, ptr=1 << 20):
+        return FakeCudaArray(shape, dtype, ptr=ptr)
+
+    g = 1 << 34
+    return {
+        "TmaCopy": lambda: TmaCopy(fa((100, 1000)), fa((100, 1000), ptr=g)),
+        "StreamCopy": lambda: StreamCopy(fa((512, 500)), fa((512, 500), ptr=g)),
+        "StreamCopy-two-roles": lambda: StreamCopy(fa((512, 512)), fa((512, 512), ptr=g), two_roles=True),
+        "Axpy": lambda: Axpy(2.0, fa((512, 512)), fa((512, 512), ptr=1 << 30), fa((512, 512), ptr=g)),
+        "Transpose": lambda: Transpose(fa((512, 256)), fa((256, 512), ptr=g)),
+        "RowSum": lambda: RowSum(fa((1000, 1000)), fa((1000,), ptr=g)),
+        "Softmax": lambda: Softmax(fa((1000, 1000)), fa((1000, 1000), ptr=g)),
+        "Softmax-chunked": lambda: Softmax(fa((100, 40000)), fa((100, 40000), ptr=g)),
+        "Laplacian5": lambda: Laplacian5(fa((512, 512)), fa((512, 512), ptr=g)),
+        "Gemm": lambda: Gemm(fa((256, 128), np.float16), fa((128, 128), np.float16, ptr=1 << 30),
+                             fa((256, 128), np.float16, ptr=g)),
+        "Attention": lambda: Attention(*(fa((1, 2, 256, 64), np.float16, ptr=p) for p in (1 << 20, 1 << 30, 1 << 31,
+                                                                                            g)),
+                                       fa((1, 2, 256), ptr=1 << 36)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_plan_cases()))
+def test_every_plan_kernel_waits_before_touching_memory(name, monkeypatch):
+    """PTX of each ready-made kernel: ``griddepcontrol.wait`` comes before its first global memory access and
+    ``griddepcontrol.launch_dependents`` right after it - so launching a chain of plans dependent is safe."""
+    from numbatma.kernels import _launch
+
+    monkeypatch.setattr(_launch, "sm_count", lambda *a: 132)
+    plan = _plan_cases()[name]()
+    body = _body(nbc.compile_ptx(plan.kernel.py_func, plan.args, arch="sm_90a"))
+    lines = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("//")]
+    wait = lines.index("griddepcontrol.wait;")
+    assert lines[wait + 1] == "griddepcontrol.launch_dependents;"
+    first = next(i for i, ln in enumerate(lines) if ln.startswith(_GLOBAL_ACCESS) or
+                 any(" " + m in ln or "\t" + m in ln for m in _GLOBAL_ACCESS))
+    assert wait < first, (name, lines[first])
+    assert body.count("griddepcontrol.wait;") == 1

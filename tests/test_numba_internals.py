@@ -115,6 +115,55 @@ def test_dependent_launch_scope_sets_the_attribute():
                     ("s", False, "k", ())]
 
 
+def test_disk_cache_hook_points():
+    """Hook 12 (enable_disk_cache): a subclass of CUDACache set as the dispatcher's ``_cache`` (what
+    enable_caching does); its _index_key repeats upstream's key (Cache._index_key: sig, magic tuple, numba-cuda
+    version, (bytecode hash, closure hash); CUDACache adds the launch-config entry) with the closure hash replaced;
+    its _load_overload / _save_overload repeat upstream's steps (index key, index file, impl.rebuild /
+    check_cachable, ensure_cache_path, reduce); compile() reaches the cache through load_overload /
+    save_overload and counts hits and misses per signature; a rebuilt kernel has no launch_bounds."""
+    from numba.cuda import dispatcher
+    from numba.cuda.core import caching
+
+    points = internals._disk_cache_hook_points()
+    for label, (owner, attr) in points.items():
+        assert callable(getattr(owner, attr, None)), label
+    assert issubclass(internals._keyed_cache_class(), dispatcher.CUDACache)
+    assert "self._cache = CUDACache(self.py_func)" in inspect.getsource(dispatcher.CUDADispatcher.enable_caching)
+    assert list(inspect.signature(dispatcher.CUDACache.__init__).parameters) == ["self", "py_func"]
+    index_key = inspect.getsource(caching.Cache._index_key)
+    assert "codebytes = self._py_func.__code__.co_code" in index_key
+    assert "cvars = tuple([x.cell_contents for x in self._py_func.__closure__])" in index_key
+    assert "hasher = lambda x: hashlib.sha256(x).hexdigest()" in index_key
+    assert re.search(r"return \(\s*sig,\s*codegen\.magic_tuple\(\),\s*numba_cuda\.__version__,\s*\(\s*"
+                     r"hasher\(codebytes\),\s*hasher\(cvarbytes\),?\s*\),?\s*\)", index_key), index_key
+    cuda_key = dispatcher.CUDACache._index_key
+    cuda_key = inspect.getsource(getattr(cuda_key, "_numbatma_original", cuda_key))  # (hook 10 may wrap it)
+    assert "key = super()._index_key(sig, codegen)" in cuda_key
+    assert 'key + (("launch_config", self._launch_config_key),)' in cuda_key
+    assert "if self._launch_config_key is None:" in cuda_key
+    load = inspect.getsource(caching.Cache._load_overload)
+    for line in ("if not self._enabled:", "key = self._index_key(sig, target_context.codegen())",
+                 "data = self._cache_file.load(key)", "data = self._impl.rebuild(target_context, data)"):
+        assert line in load, line
+    save = inspect.getsource(caching.Cache._save_overload)
+    for line in ("if not self._enabled:", "if not self._impl.check_cachable(data):",
+                 "self._impl.locator.ensure_cache_path()", "key = self._index_key(sig, data.codegen)",
+                 "data = self._impl.reduce(data)", "self._cache_file.save(key, data)"):
+        assert line in save, line
+    assert "self._guard_against_spurious_io_errors()" in inspect.getsource(caching.Cache.load_overload)
+    assert "return self._load_overload(sig, target_context)" in inspect.getsource(caching.Cache.load_overload)
+    assert "self._save_overload(sig, data)" in inspect.getsource(caching.Cache.save_overload)
+    assert list(inspect.signature(caching.IndexDataCacheFile.save).parameters) == ["self", "key", "data"]
+    assert list(inspect.signature(caching.IndexDataCacheFile.load).parameters) == ["self", "key"]
+    compile_src = inspect.getsource(dispatcher.CUDADispatcher.compile)
+    for line in ("kernel = self._cache.load_overload(sig, self.targetctx)", "self._cache_hits[sig] += 1",
+                 "self._cache_misses[sig] += 1", "self._cache.save_overload(sig, kernel)"):
+        assert line in compile_src, line
+    assert "cache_hits=self._cache_hits" in inspect.getsource(dispatcher.CUDADispatcher.stats.fget)
+    assert "launch_bounds" not in inspect.signature(dispatcher._Kernel._rebuild).parameters
+
+
 def test_simulator_hook_points_exist():
     """install_simulator's upstream objects (importable without NUMBA_ENABLE_CUDASIM) and the attributes of
     the simulator's threads numbatma's runtime reads."""
@@ -436,16 +485,16 @@ def test_typing_error_hook_points():
 
 
 def test_hooks_are_numbered_in_order_with_one_install_function_each():
-    """The module docstring lists hooks 1..11 in order, each naming its install function, and the file's
-    ``# -- hook N`` sections follow the same order."""
+    """The module docstring lists hooks 1..12 in order, each naming its install function (hook 12: the function
+    that applies it to one kernel), and the file's ``# -- hook N`` sections follow the same order."""
     doc = internals.__doc__
     listed = [int(n) for n in re.findall(r"^(\d+)\. ", doc, flags=re.M)]
-    assert listed == list(range(1, 12))
+    assert listed == list(range(1, 13))
     for n, name in re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M):
         assert callable(getattr(internals, name, None)), (n, name)
-    assert len(re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M)) == 11
+    assert len(re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M)) == 12
     sections = [int(n) for n in re.findall(r"^# -- hook (\d+):", inspect.getsource(internals), flags=re.M)]
-    assert sections == list(range(1, 12))
+    assert sections == list(range(1, 13))
 
 
 def test_install_functions_are_idempotent():

@@ -549,25 +549,13 @@ def test_owned_outputs_are_made_again_and_what_views_them_follows():
     assert len(made) == 4 and plan_cache_info()["hits"] == 1
 
 
-def test_the_device_in_the_key_comes_from_the_current_context(monkeypatch):
-    from cuda import bindings
+def test_the_device_in_the_key_comes_from_the_arrays(monkeypatch):
+    """The key's device is the arrays' (numbatma.array_device), not the current context's: tests/test_devices_cpu.py
+    has the rest (several devices, peer access, the plans' devices)."""
+    from numbatma import devices
 
-    calls = []
-
-    class Driver:
-        class CUresult:
-            CUDA_SUCCESS = "ok"
-
-        @staticmethod
-        def cuCtxGetDevice():
-            calls.append(1)
-            return ("ok" if len(calls) < 4 else "no context", 3)
-
-    monkeypatch.setattr(bindings, "driver", Driver, raising=False)
-    monkeypatch.setattr(_plan_cache, "_device_probe", None)
-    monkeypatch.setattr(_plan_cache, "_numba_device_id", lambda: 5)
-    assert [_plan_cache._device_id() for _ in range(3)] == [3, 3, 5]  # (the probe's own first call loads it)
-    assert _plan_cache.cache_key(StreamCopy, (fa((64, 64)), fa((64, 64), ptr=G)), {})[-1] == 5
-    monkeypatch.setattr(_plan_cache, "_device_probe", None)
-    monkeypatch.setattr(bindings, "driver", None)  # (no driver: None, without asking numba every call)
-    assert _plan_cache._device_id() is None and _plan_cache._device_probe is _plan_cache._no_device
+    monkeypatch.setattr(devices, "_COUNT", [2])  # (a process that sees two devices; with one the key has none)
+    monkeypatch.setattr(devices, "pointer_device", lambda ptr: 3 if ptr < G else 5)
+    monkeypatch.setattr(devices, "current_device", lambda: 0)
+    assert _plan_cache.cache_key(StreamCopy, (fa((64, 64)), fa((64, 64), ptr=2 << 20)), {})[-1] == 3
+    assert _plan_cache.cache_key(StreamCopy, (fa((64, 64), ptr=G), fa((64, 64), ptr=G + (1 << 20))), {})[-1] == 5
