@@ -105,7 +105,9 @@ def test_every_kernel_on_device_1_from_torch_tensors(name):
     if name == "tma_copy":  # (builds its plan every call: no cache)
         return
     info = plan_cache_info()
-    assert (info["misses"], info["hits"], info["rebind_failed"]) == (1, 2, 0), info
+    # (the second set of tensors may differ from the first in address % 1024, part of the key: then a second miss;
+    # the third call, the first tensors again, must hit)
+    assert info["misses"] in (1, 2) and info["hits"] == 3 - info["misses"] and info["rebind_failed"] == 0, info
     assert [p.device for p in _cached_plans()] == [1]
 
 
@@ -291,7 +293,7 @@ def test_a_tensormap_of_device_0_launched_on_device_1_is_refused(monkeypatch):
         with pytest.raises(TensorMapError, match="describes memory of device 0, but the prepared launch runs on "
                                                  "device 1.*enable_peer_access\\(1, 0\\)"):
             numbatma.prepare_launch(tile_copy, (src_map, dst_map), grid, 32)
-    assert src_map._device_id == 0 and dst_map._device_id == 1
+    assert numbatma.array_device(src_map) == 0 and numbatma.array_device(dst_map) == 1
     with pytest.raises(TensorMapError, match=r"the arrays are on different devices \(argument 0 on device 0, "
                                              r"argument 1 on device 1\)"):
         StreamCopy(src0, dst1)
