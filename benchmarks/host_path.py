@@ -8,6 +8,8 @@ Method: each case is a pair (numbatma call, torch call) on the same tensors; ``-
 (so drift in clocks or the driver hits both), each round times ``--calls`` back-to-back calls with
 ``time.perf_counter`` after a synchronise (the GPU queue never fills: tiny kernels finish faster than the host
 issues them) and the figure is the median per-call time over the rounds, with the spread (max - min) / median.
+The cyclic garbage collector is off during a round (collected before it), as ``timeit`` does: a full collection of
+the process's objects (torch's included) landing in one round's calls would be charged to whichever case it hit.
 The first call of each numbatma case is timed separately: compile (or load from numba's cache) + plan + launch.
 Writes host_path.json / host_path.md to $OUT (or next to this file).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -87,9 +90,14 @@ def main():
             row["first_call_s"] = time.perf_counter() - t0
             peer()
             ours_t, peer_t = [], []
-            for _ in range(args.rounds):  # interleaved rounds
-                ours_t.append(timer.host_us(ours, args.calls))
-                peer_t.append(timer.host_us(peer, args.calls))
+            for _ in range(args.rounds):  # interleaved rounds, without the cyclic garbage collector (as timeit)
+                for fn, ts in ((ours, ours_t), (peer, peer_t)):
+                    gc.collect()
+                    gc.disable()
+                    try:
+                        ts.append(timer.host_us(fn, args.calls))
+                    finally:
+                        gc.enable()
             for key, ts in (("numbatma_us", ours_t), ("torch_us", peer_t)):
                 med = statistics.median(ts)
                 row[key] = med

@@ -9,7 +9,7 @@ devices in one launch are an error unless the launching device was given access 
 
 * :func:`array_device`: the device that owns an array (torch: ``tensor.get_device()``; numba: the context its memory
   was allocated in, or its owner's; DLPack exporters such as CuPy: ``__dlpack_device__()``; anything else with a CUDA
-  Array Interface: the driver's ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`` of its address). The reader is decided once
+  Array Interface: the device of the context that owns its address (:func:`pointer_device`)). The reader is decided once
   per array class (:func:`device_reader`), so the function forms' cache key reads a torch tensor's device with one
   method call;
 * :func:`current_device`: the ordinal of the calling thread's current CUDA context (``cuCtxGetDevice``);
@@ -37,13 +37,13 @@ _DLPACK_CUDA = 2  # DLPack's kDLCUDA (kDLCUDAHost 3 and kDLCUDAManaged 13: memor
 
 # -- the driver ----------------------------------------------------------------------------------------------------
 _DRIVER = None  # cuda.bindings' driver module once it loaded a driver; False where there is none (decided once)
-_DEVICE_ORDINAL = None  # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+_POINTER_CONTEXT = None  # CU_POINTER_ATTRIBUTE_CONTEXT
 
 
 def driver():
     """cuda.bindings' ``driver`` module where a CUDA driver is loaded (or loadable), else None (no driver: plans
     built offline; the simulator). Decided once."""
-    global _DRIVER, _DEVICE_ORDINAL
+    global _DRIVER, _POINTER_CONTEXT
     drv = _DRIVER
     if drv is None:
         drv = False
@@ -52,7 +52,7 @@ def driver():
                 from cuda.bindings import driver as drv
 
                 drv.cuDriverGetVersion()  # (loads libcuda: raises where there is none)
-                _DEVICE_ORDINAL = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+                _POINTER_CONTEXT = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_CONTEXT
             except Exception:  # noqa: BLE001 - no driver here
                 drv = False
         _DRIVER = drv
@@ -98,14 +98,46 @@ def several_devices():
 
 
 def pointer_device(ptr):
-    """The device ``ptr`` (a device address) was allocated on or registered with
-    (``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``); None for memory the driver does not know (plain host memory), for
-    address 0, and without a driver."""
+    """The device whose memory ``ptr`` (a device address) is: the device of the context that allocated or registered it
+    (``CU_POINTER_ATTRIBUTE_CONTEXT``, then ``cuCtxGetDevice_v2`` of that context, remembered per context). None for
+    memory the driver does not know (plain host memory), for memory no context owns (virtual-memory-management and
+    memory-pool allocations: the driver's ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`` answered 0 for device 1's memory
+    on a two-H100 machine with driver 580, so it is not asked), for address 0, and without a driver."""
     drv = _DRIVER or driver()
     if drv is None or not ptr:
         return None
-    err, value = drv.cuPointerGetAttribute(_DEVICE_ORDINAL, ptr)
-    return None if err else int(value)
+    err, context = drv.cuPointerGetAttribute(_POINTER_CONTEXT, ptr)
+    if err:
+        return None
+    handle = int(context)
+    if not handle:
+        return None
+    device = _CONTEXT_DEVICES.get(handle)
+    if device is None:
+        device = _context_device(drv, context)
+        if device is not None:
+            _CONTEXT_DEVICES[handle] = device
+    return device
+
+
+_CONTEXT_DEVICES = {}  # context handle -> device ordinal (pointer_device)
+
+
+def _context_device(drv, context):
+    """The ordinal of ``context``'s device: ``cuCtxGetDevice_v2(context)``, or (a driver without it) the context
+    pushed for a ``cuCtxGetDevice``."""
+    get = getattr(drv, "cuCtxGetDevice_v2", None)
+    if get is not None:
+        err, device = get(context)
+        if not err:
+            return int(device)
+    if drv.cuCtxPushCurrent(context)[0]:
+        return None
+    try:
+        err, device = drv.cuCtxGetDevice()
+        return None if err else int(device)
+    finally:
+        drv.cuCtxPopCurrent()
 
 
 # -- the device of an array -----------------------------------------------------------------------------------------
@@ -120,7 +152,7 @@ def array_device(array):
     A torch tensor: ``tensor.get_device()``. A numba device array: the device of the context its memory was allocated
     in (numba's own allocations), else that of the array it was made from (``cuda.as_cuda_array(x)``: ``x``'s), else
     the driver's answer for its address. An object with ``__dlpack_device__`` (CuPy, JAX, ...): its answer. Any other
-    object with a CUDA Array Interface: the driver's ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`` of its address.
+    object with a CUDA Array Interface: the device of the context that owns its address (:func:`pointer_device`).
     numbatma's own: a :class:`numbatma.DeviceView` is on its owner's device, a :class:`numbatma.TensorMap` on its
     array's, an :class:`numbatma.ArrayLayout` where its address is."""
     read = DEVICE_READERS.get(type(array))

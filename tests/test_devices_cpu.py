@@ -105,7 +105,7 @@ def test_the_device_of_each_kind_of_array(two_gpus, monkeypatch):
     # DLPack: CUDA memory names its device; host and managed memory are no one device's
     assert numbatma.array_device(DLPackLike(2, 1)) == 1
     assert numbatma.array_device(DLPackLike(13, 0)) is None and numbatma.array_device(DLPackLike(1, 0)) is None
-    # a bare CUDA Array Interface: the driver's CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL of its address
+    # a bare CUDA Array Interface: the device of the context that owns its address (pointer_device)
     assert numbatma.array_device(fakes.FakeCudaArray((4, 4), np.float32, ptr=GB)) == 1
     assert numbatma.array_device(fakes.FakeCudaArray((4, 4), np.float32, ptr=3 * GB)) is None  # (unknown memory)
     # numbatma's own: a view is on its owner's device, a layout where its address is, a TensorMap where its array is
@@ -562,3 +562,33 @@ def test_what_numba_offers_the_device_readers():
     assert callable(numba_driver.Device.get_primary_context)
     assert "self.get_primary_context = self._device.get_primary_context" in inspect.getsource(
         numba_devices._DeviceContextManager.__init__)
+
+
+def test_pointer_device_asks_for_the_owning_context(monkeypatch):
+    """The device of an address: its context (CU_POINTER_ATTRIBUTE_CONTEXT), that context's device
+    (cuCtxGetDevice_v2), remembered per context; memory no context owns (pools, VMM) and unknown memory: None. (The
+    driver's DEVICE_ORDINAL attribute answered 0 for device 1's memory on a two-H100 machine: not asked.)"""
+    from types import SimpleNamespace
+
+    calls = []
+
+    class Driver:
+        CUpointer_attribute = SimpleNamespace(CU_POINTER_ATTRIBUTE_CONTEXT="CTX")
+
+        @staticmethod
+        def cuPointerGetAttribute(attribute, ptr):
+            assert attribute == "CTX"
+            return {GB: (0, 0x1111), 2 * GB: (0, 0x2222), 3 * GB: (0, 0)}.get(ptr, (1, None))
+
+        @staticmethod
+        def cuCtxGetDevice_v2(context):
+            calls.append(context)
+            return 0, {0x1111: 1, 0x2222: 0}[int(context)]
+
+    monkeypatch.setattr(devices, "_DRIVER", Driver)
+    monkeypatch.setattr(devices, "_POINTER_CONTEXT", "CTX")
+    monkeypatch.setattr(devices, "_CONTEXT_DEVICES", {})
+    assert devices.pointer_device(GB) == 1 and devices.pointer_device(2 * GB) == 0
+    assert devices.pointer_device(GB) == 1 and calls == [0x1111, 0x2222]  # (remembered per context)
+    assert devices.pointer_device(3 * GB) is None  # (no context owns it)
+    assert devices.pointer_device(4 * GB) is None and devices.pointer_device(0) is None  # (unknown; NULL)
