@@ -2,7 +2,7 @@
 # The whole GPU verification in one command, for the device machine (H100/H200):
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
 #   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, launch, gemm, attention, probes, sweep,
-#                                                        # pdl, compile, peer (2 GPUs), hostprobe,
+#                                                        # pdl, compile, peer (2 GPUs), hostprobe, ctxprobe (2 GPUs),
 #                                                        # sanitize: compute-sanitizer, runs beside the others)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
@@ -50,6 +50,9 @@ if [[ $parts == *" compile "* ]]; then  # first-call compile per kernel: cold an
 fi
 if [[ $parts == *" hostprobe "* ]]; then  # where a function form's host time goes; the driver's pointer-device answers
   timeout 200 python3 "$repo/scripts/probe_host_launch.py" 2>&1 | tee -a "$out/probe_host.log" || status=1
+fi
+if [[ $parts == *" ctxprobe "* ]]; then  # who pushes and pops CUDA contexts around a kernel on device 1 (2 GPUs)
+  timeout 200 python3 "$repo/scripts/probe_context_stack.py" 2>&1 | tee -a "$out/probe_context.log" || status=1
 fi
 if [[ $parts == *" peer "* ]]; then  # TMA over NVLink: a copy from another GPU's memory (needs 2 GPUs)
   timeout 300 python3 "$repo/benchmarks/peer_tma.py" 2>&1 | tee "$out/peer_tma.log" || status=1
