@@ -80,6 +80,17 @@ def _long(test):
     return pytest.mark.timeout(1000)(test) if importlib.util.find_spec("pytest_timeout") else test
 
 
+@pytest.fixture(scope="module", autouse=True)
+def numba_knows_both_devices():
+    """numba-cuda's first ``with cuda.gpus[i]:`` in a process replaces the current context while it makes its own object
+    for device i's primary context (seen with scripts/probe_context_stack.py: after that first block no context is
+    current, whatever was before), so each device is entered once here, before the tests check that they leave device
+    0 current."""
+    for device in (1, 0):
+        with cuda.gpus[device]:
+            pass
+
+
 @pytest.fixture(autouse=True)
 def device_0_current():
     torch.cuda.set_device(0)
