@@ -110,6 +110,7 @@ import types as _pytypes
 from llvmlite import ir
 
 from ._shapes import check_grid
+from .devices import several_devices
 
 TESTED_RANGE = ((0, 30, 4), (0, 31, 0))  # [low, high)
 _DEFAULT_DYNAMIC_SMEM_LIMIT = 48 * 1024
@@ -199,14 +200,14 @@ def _prepare_numbatma_arg(ty, val, kernelargs):
             _wrong_argument(ty, val)
         if desc is None or val._core_stale:  # (not encoded yet, or re-pointed since)
             desc = val.descriptor
-        if getattr(val, "_device_id", None) is not None:
+        if getattr(val, "_device_id", None) is not None and several_devices():  # (one device: nothing to compare)
             _check_device(val, ty)
         kernelargs.append(desc)
         return True
     if cls is _TensorMapArrayType:
         if not hasattr(val, "tensormaps"):
             _wrong_argument(ty, val)
-        if getattr(val, "_device_id", None) is not None:
+        if getattr(val, "_device_id", None) is not None and several_devices():
             _check_device(val, ty)
         kernelargs.append(ctypes.c_uint64(val.address))
         return True

@@ -592,3 +592,13 @@ def test_pointer_device_asks_for_the_owning_context(monkeypatch):
     assert devices.pointer_device(GB) == 1 and calls == [0x1111, 0x2222]  # (remembered per context)
     assert devices.pointer_device(3 * GB) is None  # (no context owns it)
     assert devices.pointer_device(4 * GB) is None and devices.pointer_device(0) is None  # (unknown; NULL)
+
+
+def test_one_device_launch_does_not_ask_for_the_device(monkeypatch):
+    """In a process that sees one device every descriptor is on it: numba's launch path does not look the current
+    device up for each descriptor argument (the host-path cost of a user kernel taking TensorMaps)."""
+    monkeypatch.setattr(devices, "_COUNT", [1])
+    monkeypatch.setattr(internals, "current_device_id", lambda: pytest.fail("the current device was looked up"))
+    tm, args = _encoded(0), []
+    internals._prepare_numbatma_arg(tm.numba_type, tm, args)
+    assert args == [tm._descriptor]

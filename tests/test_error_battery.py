@@ -622,6 +622,9 @@ LAUNCH = {
 @pytest.mark.parametrize("case", list(LAUNCH), ids=list(LAUNCH))
 def test_launch_gpu_path(case, monkeypatch):
     monkeypatch.setattr(internals, "current_device_id", lambda: 0)
+    from numbatma import devices
+
+    monkeypatch.setattr(devices, "_COUNT", [2])  # (a process that sees two devices: launches compare devices)
     make, exc_type, fragment = LAUNCH[case]
     with pytest.raises(exc_type) as info:
         make()
