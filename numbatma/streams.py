@@ -119,7 +119,16 @@ def torch_stream(device):
                 handle = None
     if not isinstance(handle, int):
         handle = torch.cuda.current_stream(device).cuda_stream
-    return 0 if handle == 0 else as_stream(handle)
+    global _last_stream
+    last = _last_stream  # (one immutable pair: threads see a handle with its own stream object)
+    if last[0] == handle and last[2] is _external:  # (the same stream as the last call: a launch loop's usual case)
+        return last[1]
+    stream = 0 if handle == 0 else as_stream(handle)
+    _last_stream = (handle, stream, _external)
+    return stream
+
+
+_last_stream = (None, None, None)  # (the handle torch_stream last saw, its stream object, the maker of that object)
 
 
 _raw_getter = (None, None)  # (the torch module, its raw current-stream function or None)
