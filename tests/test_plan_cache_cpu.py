@@ -559,3 +559,61 @@ def test_the_device_in_the_key_comes_from_the_arrays(monkeypatch):
     monkeypatch.setattr(devices, "current_device", lambda: 0)
     assert _plan_cache.cache_key(StreamCopy, (fa((64, 64)), fa((64, 64), ptr=2 << 20)), {})[-1] == 3
     assert _plan_cache.cache_key(StreamCopy, (fa((64, 64), ptr=G), fa((64, 64), ptr=G + (1 << 20))), {})[-1] == 5
+
+
+# -- the last call's key, reused for the very same arguments ----------------------------------------------------
+def _counting_keys(monkeypatch):
+    built = []
+    full = _plan_cache._key_and_facts
+
+    def counted(*args):
+        built.append(args[0].__name__)
+        return full(*args)
+
+    monkeypatch.setattr(_plan_cache, "_key_and_facts", counted)
+    return built
+
+
+def test_the_same_arguments_reuse_the_last_key(offline, monkeypatch):
+    built = _counting_keys(monkeypatch)
+    x, y, out = fakes.FakeTorchTensor((64, 64)), fakes.FakeTorchTensor((64, 64), ptr=G), \
+        fakes.FakeTorchTensor((64, 64), ptr=2 * G)
+    for _ in range(3):
+        axpy(2.0, x, y, out)
+    assert built == ["Axpy"] and len(offline) == 3 and offline[0] is offline[2]
+    assert plan_cache_info()["hits"] == 2 and plan_cache_info()["misses"] == 1
+    axpy(2.0, x, out, y)  # (other arguments: the full key)
+    axpy(3.0, x, y, out)  # (another scalar value: the full key)
+    axpy(np.float32(3.0), x, y, out)  # (another scalar type)
+    axpy(3.0, x, y, out, stages=2)  # (an option)
+    axpy(3.0, x, y, out, stages=2)  # (the same again: reused)
+    assert built == ["Axpy"] * 5
+    clear_plan_cache()
+    axpy(3.0, x, y, out, stages=2)
+    assert built == ["Axpy"] * 6  # (cleared with the cache)
+
+
+def test_a_tensor_changed_in_place_is_read_again(offline, monkeypatch):
+    """The same tensor object with another address, shape or strides (torch's set_, resize_, as_strided_): the full
+    key, so a plan of the old layout is never launched on it."""
+    built = _counting_keys(monkeypatch)
+    x, y = fakes.FakeTorchTensor((64, 64)), fakes.FakeTorchTensor((64, 64), ptr=G)
+    stream_copy(x, y)
+    stream_copy(x, y)
+    x._ptr = 1 << 30  # (moved)
+    stream_copy(x, y)
+    assert offline[2].src_map._layout.ptr == 1 << 30
+    y.shape, y._strides = (32, 128), (128, 1)  # (reshaped in place: another layout)
+    x.shape, x._strides = (32, 128), (128, 1)
+    stream_copy(x, y)
+    assert built == ["StreamCopy"] * 3 and offline[3].dst_map.shape == (32, 128)
+    assert plan_cache_info()["misses"] == 2  # (the first layout, then the reshaped one)
+
+
+def test_options_of_another_type_are_not_the_same_call(offline, monkeypatch):
+    built = _counting_keys(monkeypatch)
+    x, y = fakes.FakeTorchTensor((64, 64)), fakes.FakeTorchTensor((64, 64), ptr=G)
+    stream_copy(x, y, stages=2)
+    with pytest.raises(numbatma.TensorMapError):
+        stream_copy(x, y, stages=2.0)  # (== 2, but a float: the full key, and the plan refuses it)
+    assert built == ["StreamCopy", "StreamCopy"]
