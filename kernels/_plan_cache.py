@@ -194,7 +194,8 @@ def run(plan_class, *arrays, stream=None, **options):
     same key builds its own).
 
     Retention: a cached plan keeps references to the arrays of its last call (descriptors, views, output, its
-    prepared launch), so the cache keeps at most ``plan_cache_size()`` plans' last arrays alive;
+    prepared launch), so the cache keeps at most ``plan_cache_size()`` plans' last arrays alive, plus the arguments of
+    each plan class's last call (the key reused for the very same arguments: :func:`_call_key`);
     :func:`clear_plan_cache` frees them."""
     key = None
     if _cache_max and plan_class.rebindable:
