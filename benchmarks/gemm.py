@@ -85,9 +85,11 @@ def triton_matmul():
 
 # -- timing --------------------------------------------------------------------------------------------------------
 class Timer:
-    def __init__(self, torch, reps, warmup):
+    def __init__(self, torch, reps, warmup, flush=True):
+        """``flush``: evict L2 (a 256 MiB memset) before each timed run; False for runs meant to start from whatever
+        the previous one left (a replayed CUDA graph timed back to back)."""
         self.torch, self.reps, self.warmup = torch, reps, warmup
-        self.flush_buffer = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        self.flush_buffer = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if flush else None
 
     def median_ms(self, fn):
         """Median over ``reps`` launches of ``fn``, each after an L2-evicting memset and between two events, and the
@@ -109,7 +111,8 @@ class Timer:
         events = [[] for _ in fns]
         for _ in range(self.reps):
             for fn, ev in zip(fns, events):
-                self.flush_buffer.zero_()
+                if self.flush_buffer is not None:
+                    self.flush_buffer.zero_()
                 start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()

@@ -21,22 +21,18 @@ Writes pdl_chain.json / pdl_chain.md to ``--out`` (or $OUT, or prints only).
 import argparse
 import json
 import os
-import statistics
-import subprocess
+import sys
 
 import numbatma
 from numbatma.kernels import Gemm, Softmax, StreamCopy
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gemm import Timer, _git_commit  # noqa: E402  (one timing method for every benchmark)
 
-def _commit():
-    env = os.environ.get("NUMBATMA_COMMIT")
-    if env:
-        return env
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        return "?"
+
+def commit():
+    return os.environ.get("NUMBATMA_COMMIT") or _git_commit()
 
 
 def copy_chain(torch, n):
@@ -83,28 +79,6 @@ def capture(torch, plans, chains, dependent):
     return graph
 
 
-def time_graphs(torch, graphs, reps, warmup=3):
-    for g in graphs:
-        for _ in range(warmup):
-            g.replay()
-    torch.cuda.synchronize()
-    events = [[] for _ in graphs]
-    for _ in range(reps):
-        for g, ev in zip(graphs, events):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            g.replay()
-            stop.record()
-            ev.append((start, stop))
-    torch.cuda.synchronize()
-    out = []
-    for ev in events:
-        times = [s.elapsed_time(e) for s, e in ev]
-        med = statistics.median(times)
-        out.append((med, (max(times) - min(times)) / med))
-    return out
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=30)
@@ -119,7 +93,8 @@ def main():
     for name, make, n in cases:
         plans, check, nbytes = make(torch, n)
         graphs = [capture(torch, plans, args.chains, dep) for dep in (False, True)]
-        (plain, sp_plain), (pdl, sp_pdl) = time_graphs(torch, graphs, args.reps)
+        (plain, sp_plain), (pdl, sp_pdl) = Timer(torch, args.reps, 3, flush=False).median_ms_interleaved(
+            [g.replay for g in graphs])
         check()
         row = {"chain": name, "n": n, "plain_us": plain * 1e3 / args.chains, "pdl_us": pdl * 1e3 / args.chains,
                "ratio": pdl / plain, "spread_plain": sp_plain, "spread_pdl": sp_pdl}
@@ -128,7 +103,7 @@ def main():
               f"ratio {row['ratio']:.3f}  (spreads {sp_plain:.2f} / {sp_pdl:.2f})", flush=True)
         del graphs, plans
     gpu = torch.cuda.get_device_name()
-    md = [f"GPU: {gpu}; numbatma {_commit()}; {args.chains} chains per graph, median of {args.reps} interleaved "
+    md = [f"GPU: {gpu}; numbatma {commit()}; {args.chains} chains per graph, median of {args.reps} interleaved "
           f"replays", "", "| chain | n | plain µs/chain | PDL µs/chain | PDL / plain |", "|---|---|---|---|---|"]
     md += [f"| {r['chain']} | {r['n']} | {r['plain_us']:.2f} | {r['pdl_us']:.2f} | **{r['ratio']:.3f}** |"
            for r in rows]
@@ -136,7 +111,7 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "pdl_chain.json"), "w") as f:
-            json.dump({"gpu": gpu, "commit": _commit(), "chains": args.chains, "reps": args.reps, "rows": rows}, f,
+            json.dump({"gpu": gpu, "commit": commit(), "chains": args.chains, "reps": args.reps, "rows": rows}, f,
                       indent=1)
         with open(os.path.join(args.out, "pdl_chain.md"), "w") as f:
             f.write("\n".join(md) + "\n")
