@@ -8,6 +8,7 @@ load + launch + synchronise) and the on-disk cache hits and misses numba counted
 Run it with ``NUMBA_CACHE_DIR`` set to a directory of its own: a first process finds it empty (every kernel
 compiled and saved: misses), a second one loads every kernel (hits)."""
 import argparse
+import functools
 import json
 import sys
 import time
@@ -18,102 +19,18 @@ import torch  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import numbatma  # noqa: E402
-from numbatma import kernels as K  # noqa: E402
 from numbatma.kernels import _compile_cache  # noqa: E402
+
+import multi_device_worker as device_cases  # noqa: E402  (this folder: sys.path[0] when run as a script)
 
 IMPORT_S = time.perf_counter() - T_START
 DEV = "cuda"
 
 
-def randn(*shape, dtype=torch.float32):
-    return torch.randn(shape, device=DEV, dtype=torch.float32).to(dtype)
-
-
-def nan_like(x, shape=None, dtype=None):
-    return torch.full(shape or x.shape, float("nan"), device=DEV, dtype=dtype or x.dtype)
-
-
-def max_err(got, want):
-    got, want = got.double(), want.double()
-    if torch.isnan(got).any():
-        return float("inf")
-    return float((got - want).abs().max())
-
-
-# Each case: () -> (call, check); call() runs the function form once, check() -> (max error, bound).
-def case_stream_copy():
-    x = randn(300, 1000)
-    y = nan_like(x)
-    return lambda: K.stream_copy(x, y), lambda: (max_err(y, x), 0.0)
-
-
-def case_axpy():
-    x, y = randn(300, 1000), randn(300, 1000)
-    out = nan_like(x)
-    return lambda: K.axpy(2.5, x, y, out), lambda: (max_err(out, 2.5 * x.double() + y.double()), 1e-5)
-
-
-def case_transpose():
-    x = randn(300, 520)
-    y = nan_like(x, (520, 300))
-    return lambda: K.transpose(x, y), lambda: (max_err(y, x.t()), 0.0)
-
-
-def case_row_sum():
-    x = randn(300, 1000)
-    out = nan_like(x, (300,))
-    return lambda: K.row_sum(x, out), lambda: (max_err(out, x.double().sum(-1)), 1e-3)
-
-
-def case_softmax():
-    x = randn(300, 1000)
-    out = nan_like(x)
-    return lambda: K.softmax(x, out), lambda: (max_err(out, torch.softmax(x.double(), -1)), 1e-6)
-
-
-def case_laplacian5():
-    x = randn(300, 1000)
-    out = nan_like(x)
-
-    def reference():
-        p = torch.nn.functional.pad(x.double(), (1, 1, 1, 1))
-        return p[:-2, 1:-1] + p[2:, 1:-1] + p[1:-1, :-2] + p[1:-1, 2:] - 4 * p[1:-1, 1:-1]
-
-    return lambda: K.laplacian5(x, out), lambda: (max_err(out, reference()), 1e-4)
-
-
-def case_gemm():
-    m, n, k = 256, 320, 192
-    a, b = randn(m, k, dtype=torch.bfloat16), randn(k, n, dtype=torch.bfloat16)  # (b as (K, N): b_layout="kn")
-    c = nan_like(a, (m, n))
-
-    def check():
-        ref = a.double() @ b.double()
-        bound = 2.0 ** -8 * ref.abs() + k * 2.0 ** -23 * (a.double().abs() @ b.double().abs())
-        excess = (c.double() - ref).abs() - 2 * bound  # (twice the bf16 rounding of the output: margin)
-        return (float("inf") if torch.isnan(c).any() else max(float(excess.max()), 0.0)), 0.0
-
-    return lambda: K.gemm(a, b, c), check
-
-
-def case_attention():
-    b, h, s, d = 1, 2, 200, 64
-    q, k, v = (randn(b, h, s, d, dtype=torch.bfloat16) for _ in range(3))
-    o = nan_like(q)
-    lse = nan_like(q, (b, h, s), torch.float32)
-
-    def check():
-        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        bound = 2 * 2.0 ** -7 * float(v.float().abs().max())  # (two bfloat16 ulps of max|V|)
-        return max_err(o, ref), bound
-
-    return lambda: K.attention(q, k, v, o, lse), check
-
-
-CASES = {
-    "stream_copy": case_stream_copy, "axpy": case_axpy, "transpose": case_transpose, "row_sum": case_row_sum,
-    "softmax": case_softmax, "laplacian5": case_laplacian5, "gemm": case_gemm, "attention": case_attention,
-}
+# Each case: () -> (call, check); call() runs the function form once, check() -> (max error, bound). The cases of
+# tests/multi_device_worker.py (the same kernels on the same small tensors), on the current device.
+CASES = {name: functools.partial(device_cases.CASES[name], DEV) for name in (
+    "stream_copy", "axpy", "transpose", "row_sum", "softmax", "laplacian5", "gemm", "attention")}
 
 
 def counts():
