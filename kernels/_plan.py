@@ -54,6 +54,10 @@ it on ``stream``, return its output.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from numbatma import ArrayLayout, TensorMapError, launch_argument, layout_facts, prepare_launch
 from numbatma.devices import array_device, common_device, enter_device, leave_device, on_device, several_devices
 from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
@@ -84,6 +88,18 @@ class _PlanType(type):
             finally:
                 leave_device(context)
         return plan
+
+
+def _same_scalar(old, new):
+    """Whether scalar ``new`` is ``old`` for a plan: the same object, or of the same type and value (a zero of the
+    same sign; NaN is never the same)."""
+    if new is old:
+        return True
+    if type(new) is not type(old) or not new == old:
+        return False
+    if new == 0 and isinstance(new, (float, np.floating)):
+        return math.copysign(1.0, new) == math.copysign(1.0, old)
+    return True
 
 
 class Plan(metaclass=_PlanType):
@@ -202,7 +218,10 @@ class Plan(metaclass=_PlanType):
             if is_scalar(o) or is_scalar(n):
                 if not (is_scalar(o) and is_scalar(n)):
                     raise NotRebindable("an array argument became a scalar (or the reverse)")
-                facts.append(None)  # (scalars are part of the cache key: equal by value)
+                if not _same_scalar(o, n):
+                    raise NotRebindable(f"the scalar argument {o!r} became {n!r}: a plan keeps the scalars it was "
+                                        f"built with (build a plan for the new value)")
+                facts.append(None)
                 continue
             fn = layout_facts(n)
             if fo[1:] != fn[1:]:

@@ -3,9 +3,11 @@ built in a small LRU cache and re-points a cached plan at the new arrays (:meth:
 instead of building it again."""
 from __future__ import annotations
 
-import collections
+import itertools
+import math
 import threading
-from operator import is_ as _is
+
+import numpy as np
 
 from numbatma import layout_record
 from numbatma.devices import DEVICE_READERS as _device_readers
@@ -14,16 +16,33 @@ from numbatma.devices import array_device, current_device, device_reader, severa
 from ._rebind import _scalar_types
 from ._rebind import is_scalar as _is_scalar
 
-__all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "DEFAULT_PLAN_CACHE_SIZE"]
+__all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "cached_plans",
+           "DEFAULT_PLAN_CACHE_SIZE"]
 
 DEFAULT_PLAN_CACHE_SIZE = 32
 
 
-_cache = collections.OrderedDict()  # key -> plan, least recently used first
-_cache_lock = threading.Lock()
-_cache_max = DEFAULT_PLAN_CACHE_SIZE
+_cache = {}  # key -> _Entry: the cached plans, except each plan class's last one
+_hot = {}  # plan class -> _Entry of its last call (taken out while a call uses it; see run)
+_cache_lock = threading.Lock()  # (guards _cache, _stats and moves into and out of _hot; a call's own take of its
+_cache_max = DEFAULT_PLAN_CACHE_SIZE  # plan class's _hot entry and its return are single dict operations)
 _stats = {"hits": 0, "misses": 0, "uncached": 0, "rebind_failed": 0}
+_ticks = itertools.count(1)  # (use order: an entry's tick is that of its last call; the least recent is evicted)
+_generation = [0]  # (bumped by clear_plan_cache and plan_cache_size: an entry of an older one is not put back)
 _NO_DEVICE = object()
+_FLOATS = (float, np.floating)
+
+
+class _Entry:
+    """A cached plan and its key, with what :func:`run` needs to tell that a call repeats the plan's last one: that
+    call's arguments (the objects), options, and each array's address and interned layout record
+    (:func:`numbatma.layout_record`; None for a scalar), their layout facts and overlapping pairs as the key found
+    them (what a plan with outputs of its own is re-pointed with). ``tick`` orders uses (LRU); ``hits``: hits counted while
+    the entry is its plan class's last call (owned by the call that took it, so counted without the lock)."""
+    __slots__ = ("key", "plan", "arrays", "options", "reads", "facts", "overlap", "tick", "hits", "generation")
+
+    def __init__(self, key, plan):
+        self.key, self.plan, self.hits, self.generation = key, plan, 0, _generation[0]
 
 
 def plan_cache_size(n=None):
@@ -36,25 +55,67 @@ def plan_cache_size(n=None):
             raise ValueError(f"plan_cache_size: n must be >= 0, got {n}")
         with _cache_lock:
             _cache_max = n
-            while len(_cache) > n:
-                _cache.popitem(last=False)
+            _generation[0] += 1  # (a plan in use by a call now in flight is not put back: it may be one too many)
+            for entry in list(_cache.values()) + list(_hot.values()):
+                entry.generation = _generation[0]
+            _trim()
     return _cache_max
 
 
 def clear_plan_cache():
     """Drop every cached plan (and with them the references they hold to the last arrays they ran on)."""
     with _cache_lock:
+        _generation[0] += 1
         _cache.clear()
-        _last_call.clear()
+        _hot.clear()
         for k in _stats:
             _stats[k] = 0
 
 
 def plan_cache_info():
     """``{"hits", "misses", "uncached", "rebind_failed", "size", "maxsize"}``: the cache's counts since the last
-    clear (``rebind_failed``: cache hits whose plan could not be re-pointed, so a new one was built)."""
+    clear (``rebind_failed``: cache hits whose plan could not be re-pointed, so a new one was built). A call in flight
+    on another thread holds its plan, which is counted again once the call is done."""
     with _cache_lock:
-        return dict(_stats, size=len(_cache), maxsize=_cache_max)
+        hot = list(_hot.values())
+        return dict(_stats, hits=_stats["hits"] + sum(e.hits for e in hot), size=len(_cache) + len(hot),
+                    maxsize=_cache_max)
+
+
+def cached_plans():
+    """The cached plans, least recently used first (for tests and debugging)."""
+    with _cache_lock:
+        entries = list(_cache.values()) + list(_hot.values())
+    return [e.plan for e in sorted(entries, key=_tick)]
+
+
+def _tick(entry):
+    return entry.tick
+
+
+def _retire(entry):
+    """Move ``entry`` (no longer its plan class's last call, or not put back as one) into ``_cache``: its hits into
+    the counts. Under the lock."""
+    _stats["hits"] += entry.hits
+    entry.hits = 0
+    if entry.generation == _generation[0]:
+        _cache[entry.key] = entry
+
+
+def _trim():
+    """Drop the least recently used plans beyond the bound. Under the lock."""
+    while len(_cache) + len(_hot) > _cache_max:
+        entries = list(_cache.values()) + list(_hot.values())
+        if not entries:
+            return
+        victim = min(entries, key=_tick)
+        if _cache.get(victim.key) is victim:
+            del _cache[victim.key]
+        elif _hot.get(victim.key[0]) is victim:
+            _hot.pop(victim.key[0], None)  # (a call may have taken it meanwhile: then it is not put back)
+        victim.generation = -1
+        _stats["hits"] += victim.hits
+        victim.hits = 0
 
 
 def _option_key(value):
@@ -62,6 +123,8 @@ def _option_key(value):
     if isinstance(value, (tuple, list)):
         return (type(value).__name__,) + tuple(_option_key(v) for v in value)
     hash(value)
+    if value == 0 and isinstance(value, _FLOATS):  # (-0.0 == 0.0 and hashes alike: the sign is part of the key)
+        return (type(value).__name__, value, math.copysign(1.0, value))
     return (type(value).__name__, value)
 
 
@@ -78,12 +141,13 @@ def cache_key(plan_class, arrays, options):
 
 def _key_and_facts(plan_class, arrays, options):
     """(the cache key, the arguments' layout_facts with None for a scalar, the pairs ``(j, i)``, ``j < i``, of
-    arguments that overlap), or (None, None, None). Each array is read once (:func:`numbatma.layout_record`: its
-    layout interned, so the key holds the layout's id, and its byte span comes with it) and its device once
-    (:func:`numbatma.array_device`'s reader of its class: a torch tensor's ``get_device()``)."""
+    arguments that overlap, the arguments' reads ``(ptr, layout record)`` with None for a scalar), or four Nones.
+    Each array is read once (:func:`numbatma.layout_record`: its layout interned, so the key holds the layout's id,
+    and its byte span comes with it) and its device once (:func:`numbatma.array_device`'s reader of its class: a
+    torch tensor's ``get_device()``)."""
     try:
         opts = tuple(sorted((k, _option_key(v)) for k, v in options.items())) if options else ()
-        parts, facts, spans, overlap = [], [], [], ()
+        parts, facts, reads, spans, overlap = [], [], [], [], ()
         scalar_types, readers = _scalar_types, _device_readers
         device = devices = _NO_DEVICE
         several = several_devices()  # (one device: every array is on it; nothing to read)
@@ -94,6 +158,7 @@ def _key_and_facts(plan_class, arrays, options):
             if scalar:
                 parts.append(("scalar", _option_key(a)))
                 facts.append(None)
+                reads.append(None)
                 continue
             ptr, record = layout_record(a)  # (shape, byte strides, dtype, id, lo, hi)
             if several:
@@ -114,120 +179,158 @@ def _key_and_facts(plan_class, arrays, options):
             spans.append((len(parts), lo, hi))
             parts.append((type(a), record[3], ptr & 1023, overlaps))
             facts.append((ptr, record[0], record[1], record[2]))
+            reads.append((ptr, record))
         if devices is not _NO_DEVICE:  # (several devices, peer access: each one's, and the current device's)
             device = (tuple(None if f is None else array_device(a) for a, f in zip(arrays, facts)), current_device())
         elif device is _NO_DEVICE:  # (one device, or no array)
             device = None
-        return (plan_class, opts, tuple(parts), device), tuple(facts), overlap
-    except Exception:  # noqa: BLE001 - unhashable options, arguments numbatma cannot read: not cached
-        return None, None, None
+        key = (plan_class, opts, tuple(parts), device)
+        hash(key)
+        return key, tuple(facts), overlap, tuple(reads)
+    except Exception:  # noqa: BLE001 - unhashable options or scalars, arguments numbatma cannot read: not cached
+        return None, None, None, None
 
 
-_last_call = {}  # plan class -> (arguments, options, (key, facts, overlap)) of its last cached call
-
-
-def _same_call(last, arrays, options):
-    """Whether a call of ``arrays`` and ``options`` is the one ``last`` (an entry of ``_last_call``) recorded: the same
-    argument objects (a scalar computed anew each call is another object: then the full key), each array read again (:func:`numbatma.layout_record`)
-    at the same address with the same interned layout, options of the same values and types."""
-    old, old_options, result = last
-    if len(arrays) != len(old) or not all(map(_is, arrays, old)):  # (the same objects: scalars too, so equal ones)
+def _repeats(entry, arrays, options):
+    """Whether a call of ``arrays`` and ``options`` repeats the last call of ``entry``'s plan: the same argument
+    objects (or equal ints: a float must be the same object, as ``-0.0 == 0.0``), each array read again
+    (:func:`numbatma.layout_record`) at the same address with the same interned layout, options of the same values
+    and types. Then every part of the key is what it was (layout ids, alignment, overlaps, the arrays' device: an
+    array's device does not change while its address does not) and the plan points at these very arrays."""
+    old = entry.arrays
+    if len(arrays) != len(old):
         return False
-    if options or old_options:
+    if options or entry.options:
+        old_options = entry.options
         if options != old_options or any(type(v) is not type(old_options[k]) for k, v in options.items()):
             return False
-    for a, f in zip(arrays, result[1]):
-        if f is not None:
-            ptr, record = layout_record(a)
-            if ptr != f[0] or record[0] is not f[1] or record[1] is not f[2] or record[2] is not f[3]:
+    read_layout = layout_record
+    for a, o, r in zip(arrays, old, entry.reads):
+        if r is None:
+            if a is not o and (type(a) is not int or type(o) is not int or a != o):
+                return False
+        elif a is not o:
+            return False
+        else:
+            ptr, record = read_layout(a)
+            if ptr != r[0] or record is not r[1]:
                 return False
     return True
-
-
-def _call_key(plan_class, arrays, options):
-    """:func:`_key_and_facts` of a call, reusing the last call's of ``plan_class`` when it had the very same argument
-    objects and options, each array read again at the same address and of the same layout (:func:`_same_call`):
-    then every part of the key is what it was (layout ids, alignment, overlaps, the arrays' device: an array's device
-    does not change while its address does not). Not reused for arrays of several devices (peer access), whose key
-    holds the current device. The usual loop over the same tensors then reads each tensor once and builds nothing;
-    a call with other tensors pays a look-up and one comparison more."""
-    last = _last_call.get(plan_class)
-    if last is not None:
-        try:
-            if _same_call(last, arrays, options):
-                return last[2]
-        except Exception:  # noqa: BLE001 - an argument that cannot be read or compared now: the full key says why
-            pass
-    result = _key_and_facts(plan_class, arrays, options)
-    key = result[0]
-    if key is not None and type(key[3]) is not tuple:
-        _last_call[plan_class] = (arrays, options, result)
-    return result
 
 
 def run(plan_class, *arrays, stream=None, **options):
     """The function form of a plan: ``plan_class(*arrays, **options).launch(stream)`` with the plan cached;
     returns the plan's output.
 
-    The cache (LRU, :func:`plan_cache_size` plans, :func:`clear_plan_cache`) is keyed by the plan class, the
-    options (by type and value; an unhashable option: no caching for that call), and for every positional
-    argument: for an array its type, layout (shape, byte strides, dtype: an id of the interned layout,
+    The cache (:func:`plan_cache_size` plans, least recently used dropped first, :func:`clear_plan_cache`) is keyed
+    by the plan class, the options (by type and value; an unhashable option: no caching for that call), and for every
+    positional argument: for an array its type, layout (shape, byte strides, dtype: an id of the interned layout,
     :func:`numbatma.layout_record`), ``ptr % 1024`` (plans may depend on the alignment) and which earlier arguments
     it overlaps; for a scalar its type and value; and, in a process that sees several devices, the device the arrays
     are on (:func:`numbatma.array_device`; arrays of several devices - peer access - give each one's and the current
-    device's), so arrays of another device
-    never re-point a plan of this one: the plan runs on its arrays' device (:attr:`Plan.device`), whatever device is
-    current. Arrays are read with :func:`numbatma.layout_record` (torch tensors through their methods) and their
-    device's reader, once per call. On a hit:
+    device's), so arrays of another device never re-point a plan of this one: the plan runs on its arrays' device
+    (:attr:`Plan.device`), whatever device is current. Arrays are read with :func:`numbatma.layout_record` (torch
+    tensors through their methods) and their device's reader, once per call.
 
-    * the very same array objects at the same addresses as the plan's last call: nothing to do, the plan launches
-      as it is (a dict look-up and the launch);
-    * other arrays (or the same objects at other addresses): the plan is re-pointed at them
+    * **A repeated call** (the usual loop): each plan class's last call is kept with its plan. A call with the very
+      same argument objects, each at the same address with the same layout, and the same options
+      (:func:`_repeats`), launches that plan as it is: no key is built, nothing is re-pointed (each array read once,
+      a dict take and put back, the launch).
+    * **Other arrays** (or the same objects at other addresses) of a cached key: the plan is re-pointed at them
       (:meth:`Plan.rebind`'s work: its map of where each argument's descriptors, views and references sit is made
       once and compiled into one function that each re-point runs; descriptors are re-pointed in place, the
-      prepared launch gets the new views' and arrays' addresses patched into its parameter block at the launch);
-    * a plan with outputs of its own (:meth:`Plan.owned_output`, e.g. attention's ``lse``) gets fresh ones
-      (:meth:`Plan.fresh_outputs`): each call returns its own.
+      prepared launch gets the new views' and arrays' addresses patched into its parameter block at the launch).
+    * A plan with outputs of its own (:meth:`Plan.owned_output`, e.g. attention's ``lse``) gets fresh ones
+      (:meth:`Plan.fresh_outputs`) every call, a repeated call too, so each call returns its own.
 
     A re-point that fails builds a fresh plan. Plan classes with ``rebindable = False`` and plans whose
     ``cacheable`` is False are built every call. A plan in use is taken out of the cache (a concurrent call with the
     same key builds its own).
 
     Retention: a cached plan keeps references to the arrays of its last call (descriptors, views, output, its
-    prepared launch), so the cache keeps at most ``plan_cache_size()`` plans' last arrays alive, plus the arguments of
-    each plan class's last call (the key reused for the very same arguments: :func:`_call_key`);
-    :func:`clear_plan_cache` frees them."""
+    prepared launch; its entry the arguments themselves), so the cache keeps at most ``plan_cache_size()`` plans' last
+    arrays alive; :func:`clear_plan_cache` frees them."""
+    entry = _hot.pop(plan_class, None)  # (taken: no other call uses its plan until it is put back)
+    if entry is not None:
+        try:
+            repeated = _repeats(entry, arrays, options)
+        except Exception:  # noqa: BLE001 - an argument that cannot be read now: the full key says why
+            repeated = False
+        if repeated:
+            plan = entry.plan
+            if plan._owned:  # (outputs of its own, e.g. attention's lse: fresh ones each call)
+                try:
+                    plan._repoint(arrays, entry.facts, fresh=True, overlap=entry.overlap)
+                except Exception:  # noqa: BLE001 - the keyed path re-points again, or builds a new plan
+                    return _run_keyed(plan_class, entry, arrays, stream, options)
+            entry.hits += 1
+            entry.tick = next(_ticks)
+            try:
+                return plan.launch(stream)
+            finally:
+                if entry.generation != _generation[0] or _hot.setdefault(plan_class, entry) is not entry:
+                    with _cache_lock:  # (cleared meanwhile, or another call's plan is the last one now)
+                        _retire(entry)
+                        _trim()
+    return _run_keyed(plan_class, entry, arrays, stream, options)
+
+
+def _run_keyed(plan_class, hot, arrays, stream, options):
+    """:func:`run` past the repeated-call path: the key, a look-up, a re-point or a new plan. ``hot``: the plan
+    class's last-call entry that :func:`run` took (or None), returned to the cache here."""
     key = None
     if _cache_max and plan_class.rebindable:
-        key, facts, overlap = _call_key(plan_class, arrays, options)
-    if key is not None:
-        try:
-            with _cache_lock:
-                plan = _cache.pop(key, None)
-                _stats["hits" if plan is not None else "misses"] += 1
-        except TypeError:  # (an unhashable scalar or option value: the key cannot be looked up)
-            key = None
+        key, facts, overlap, reads = _key_and_facts(plan_class, arrays, options)
     if key is None:
         with _cache_lock:
+            if hot is not None:
+                _retire(hot)
             _stats["uncached"] += 1
         return plan_class(*arrays, **options).launch(stream)
-    if plan is not None:
+    if hot is not None and hot.key == key and hot.generation == _generation[0]:
+        entry = hot  # (the last call's plan, for other arrays of its key)
+        entry.hits += 1
+    else:
+        with _cache_lock:
+            if hot is not None:
+                _retire(hot)
+            entry = _cache.pop(key, None)
+            if entry is None:
+                _stats["misses"] += 1
+            else:
+                _stats["hits"] += 1
+    plan = None
+    if entry is not None:
+        plan = entry.plan
         try:
             if plan._owned or not _same_arrays(plan, arrays, facts):
                 plan._repoint(arrays, facts, fresh=True, overlap=overlap)
         except Exception:  # noqa: BLE001 - NotRebindable, or a re-point the driver refused: a fresh plan is always right
             with _cache_lock:
                 _stats["rebind_failed"] += 1
-            plan = None
+                _stats["hits"] += entry.hits
+            plan = entry = None
     if plan is None:
         plan = plan_class(*arrays, **options)
         plan.__dict__["_user_facts"] = facts
+        entry = _Entry(key, plan)
+    entry.arrays, entry.options, entry.reads, entry.tick = arrays, options, reads, next(_ticks)
+    entry.facts, entry.overlap = facts, overlap
     out = plan.launch(stream)
     if plan.cacheable:
         with _cache_lock:
-            _cache[key] = plan
-            while len(_cache) > _cache_max:
-                _cache.popitem(last=False)
+            if entry.generation == _generation[0]:
+                if type(key[3]) is tuple:  # (peer access: the key holds the current device)
+                    _cache[key] = entry
+                else:
+                    last = _hot.pop(plan_class, None)
+                    if last is not None:
+                        _retire(last)
+                    _hot[plan_class] = entry
+                _trim()
+    elif entry.hits:
+        with _cache_lock:
+            _stats["hits"] += entry.hits
     return out
 
 

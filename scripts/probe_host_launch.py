@@ -2,7 +2,8 @@
 says about the device of a pointer.
 
 Part 1 (one GPU is enough): µs per call, best of 7 rounds of 2000 calls (perf_counter), of torch's ops, of the pieces
-of ``numbatma.kernels.axpy(...)`` on a cache hit (the cache key, the stream look-up, the prepared launch) and of the
+of ``numbatma.kernels.axpy(...)`` on a repeated call (the check that it repeats the last call, the cache key of a
+call with other arrays, the stream look-up, the prepared launch) and of the
 launch itself three ways (numbatma's prepared run; cuda.bindings' ``cuLaunchKernel`` with the same arguments; the
 same through ctypes on libcuda).
 
@@ -37,7 +38,8 @@ def part1(torch):
     x, y, a, o = (torch.randn(64, 64, device="cuda") for _ in range(4))
     K.axpy(2.0, x, a, y)
     torch.cuda.synchronize()
-    plan = next(p for p in _plan_cache._cache.values() if isinstance(p, Axpy))
+    plan = next(p for p in _plan_cache.cached_plans() if isinstance(p, Axpy))
+    last = _plan_cache._hot[Axpy]  # (axpy's last call: what a repeated call is checked against)
     run = plan._prepared_launch[1]
     stream = plan.stream_for(None)
     handle = run._stream_memo[1]
@@ -53,7 +55,8 @@ def part1(torch):
         ("numbatma axpy (function form)", lambda: K.axpy(2.0, x, a, y)),
         ("numbatma stream_copy (function form)", lambda: K.stream_copy(x, o)),
         ("Axpy plan.launch()", lambda: plan.launch()),
-        ("  key: _key_and_facts", lambda: _plan_cache._key_and_facts(Axpy, (2.0, x, a, y), {})),
+        ("  repeated call? (_repeats)", lambda: _plan_cache._repeats(last, (2.0, x, a, y), {})),
+        ("  key, other arrays: _key_and_facts", lambda: _plan_cache._key_and_facts(Axpy, (2.0, x, a, y), {})),
         ("  layout_record(tensor)", lambda: layout_record(x)),
         ("  plan.stream_for(None)", lambda: plan.stream_for(None)),
         ("  torch._C._cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0)),

@@ -429,7 +429,7 @@ def launches(monkeypatch):
 
 
 def _plans():
-    return list(_plan_cache._cache.values())
+    return _plan_cache.cached_plans()
 
 
 def test_same_arrays_then_new_arrays_then_the_first_again(torch_like, launches):
@@ -617,3 +617,72 @@ def test_options_of_another_type_are_not_the_same_call(offline, monkeypatch):
     with pytest.raises(numbatma.TensorMapError):
         stream_copy(x, y, stages=2.0)  # (== 2, but a float: the full key, and the plan refuses it)
     assert built == ["StreamCopy", "StreamCopy"]
+
+
+def test_a_repeated_scalar_must_be_the_same_object_unless_an_int(offline, monkeypatch):
+    """-0.0 == 0.0 (and hashes alike), so a float of another object takes the keyed path, whose key tells the sign
+    of a zero (a plan keeps the scalar it was built with); equal ints are the same value."""
+    built = _counting_keys(monkeypatch)
+    x, y, out = fa((64, 64)), fa((64, 64), ptr=G), fa((64, 64), ptr=2 * G)
+    axpy(0.0, x, y, out)
+    axpy(-0.0, x, y, out)
+    axpy(np.float32(-0.0), x, y, out)
+    assert built == ["Axpy"] * 3 and len({id(p) for p in offline}) == 3
+    assert [bool(np.signbit(p.a)) for p in offline] == [False, True, True]
+    axpy(-0.0, x, y, out)  # (the keyed path, found in the cache)
+    assert offline[3] is offline[1] and plan_cache_info()["misses"] == 3
+    big = 10 ** 30
+    axpy(big, x, y, out)
+    axpy(int(str(big)), x, y, out)  # (another int object of the same value: the repeated call)
+    assert built == ["Axpy"] * 5 and offline[5] is offline[4]
+
+
+def test_the_lru_order_spans_every_plan_class(offline):
+    """Each plan class's last plan is kept apart (the repeated-call path); the bound and the use order cover all."""
+    plan_cache_size(2)
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    x2, y2 = fa((256, 512)), fa((256, 512), ptr=G)
+    stream_copy(x, y)  # A
+    softmax(x, y)  # B
+    stream_copy(x2, y2)  # C: A is the least recently used, so it goes (not B, though B is its class's last)
+    assert _plans() == [offline[1], offline[2]]
+    softmax(x, y)
+    assert offline[3] is offline[1]
+    stream_copy(x, y)  # (A again: built anew; C is now the least recent)
+    assert offline[4] is not offline[0] and _plans() == [offline[1], offline[4]]
+    assert plan_cache_info()["size"] == 2 and plan_cache_info()["hits"] == 1 and plan_cache_info()["misses"] == 4
+
+
+@pytest.mark.parametrize("during", ["clear", "size zero"])
+def test_a_cache_cleared_during_a_launch_stays_clear(offline, monkeypatch, during):
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    stream_copy(x, y)
+    calls = []
+
+    def launch(self, stream=None):
+        calls.append(self)
+        clear_plan_cache() if during == "clear" else plan_cache_size(0)
+        return self.output
+
+    monkeypatch.setattr(StreamCopy, "launch", launch)
+    assert stream_copy(x, y) is y and calls == [offline[0]]  # (the repeated call: the plan was taken, then dropped)
+    assert plan_cache_info()["size"] == 0 and _plans() == []
+
+
+def test_a_repeated_call_counts_its_hits(offline):
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    for _ in range(4):
+        softmax(x, y)
+    assert (plan_cache_info()["hits"], plan_cache_info()["misses"]) == (3, 1)
+    stream_copy(x, y)  # (another class: softmax's entry stays its class's last call)
+    softmax(fa((256, 256), ptr=1 << 30), y)  # (other arrays: softmax's plan re-pointed)
+    assert (plan_cache_info()["hits"], plan_cache_info()["misses"]) == (4, 2) and len(_plans()) == 2
+
+
+@pytest.mark.parametrize("new", [3.0, -0.0, np.float32(0.0), 0], ids=["value", "sign", "type", "int"])
+def test_rebind_refuses_another_scalar(new):
+    x, y, out = fa((64, 64)), fa((64, 64), ptr=G), fa((64, 64), ptr=2 * G)
+    plan = Axpy(0.0, x, y, out)
+    with pytest.raises(_plan.NotRebindable, match="scalar argument 0.0 became"):
+        plan.rebind(new, x, y, out)
+    assert plan.rebind(float("0.0"), x, y, out) is plan  # (the same value and type: another object is fine)
