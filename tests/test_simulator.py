@@ -1,11 +1,16 @@
 """CPU: the simulator suite (tests/sim) runs under NUMBA_ENABLE_CUDASIM=1 in a subprocess, since the
 variable must be set before Numba is imported."""
+import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
 
+import pytest
+
 HERE = pathlib.Path(__file__).resolve().parent
+if importlib.util.find_spec("pytest_timeout"):  # (a whole suite in a subprocess, given up to 900 s below: over the
+    pytestmark = [pytest.mark.timeout(1000)]  # GPU suite's per-test limit, which ended it on a busy machine once)
 
 
 def test_simulator_suite_passes():
