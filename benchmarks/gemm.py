@@ -347,6 +347,8 @@ def plot(payload, path):
 
 
 def _git_commit():
+    if os.environ.get("NUMBATMA_COMMIT"):  # the device machine's copy may carry no (or a stale) .git
+        return os.environ["NUMBATMA_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=HERE).stdout.strip()
