@@ -218,7 +218,10 @@ _MISSING = object()
 
 
 def current_device_id():
-    """The ordinal of the device launches of this thread go to."""
+    """The ordinal of the device numba's own launches of this thread go to: numba's context (``get_context``: the
+    current driver context, or one numba makes on device 0 when none is current). Not
+    :func:`numbatma.devices.current_device`, which reads the driver's current context and answers None when there is
+    none: here a launch is under way, so numba's answer is the one that holds."""
     from numba.cuda.cudadrv.devices import get_context
 
     return get_context().device.id
