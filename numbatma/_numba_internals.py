@@ -529,9 +529,7 @@ class PreparedLaunch:
                 if ptr is None:
                     return False
                 writes = ((slot[1] + _ARRAY_PTR, ptr),)
-            elif kind == "scalar" and type(new) is type(old) and new == old:
-                continue
-            else:
+            else:  # (a scalar is written even when equal: -0.0 == 0.0)
                 values = _patched_slot(self, slot, new)
                 writes = None if values is None else self.params.writes(slot[1], values)
                 if writes is None:

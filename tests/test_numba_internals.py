@@ -341,7 +341,7 @@ def test_prepared_launch_update_patches_arrays_and_scalars(monkeypatch):
     x2 = numba_array((64, 32), np.float32, 5 << 20)
     view2 = numbatma.DeviceView(numbatma.array_layout(FakeCudaArray((64, 8), np.float32, ptr=9 << 24)), x2)
     before = driver.calls[-1]["params"]
-    assert run.update((x2, view2, 3.0, 7))  # (new addresses and a new scalar; the int equal: kept)
+    assert run.update((x2, view2, 3.0, 7))  # (new addresses and a new scalar; the int the same object: kept)
     run(5)
     call = driver.calls[-1]
     assert call["stream"] == 5 and ptr(call, 4) == 5 << 20 and ptr(call, 13) == 9 << 24
@@ -358,6 +358,10 @@ def test_prepared_launch_update_patches_arrays_and_scalars(monkeypatch):
     run(5)
     run(5)
     assert driver.calls[-1]["params"] == driver.calls[-2]["params"] == kept
+    # a scalar equal to the one in the block is written all the same: -0.0 == 0.0
+    assert run.update((x2, view2, 0.0, 7)) and run.update((x2, view2, -0.0, 7))
+    run(5)
+    assert driver.calls[-1]["params"][18] == struct.pack("<d", -0.0)
 
 
 def test_prepared_launch_update_converts_a_replaced_descriptor(monkeypatch):
