@@ -54,16 +54,12 @@ it on ``stream``, return its output.
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from numbatma import ArrayLayout, TensorMapError, launch_argument, layout_facts, prepare_launch
 from numbatma.devices import array_device, common_device, enter_device, leave_device, on_device, several_devices
 from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
 
 from ._launch import byte_extent
-from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map
+from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map, same_scalar
 
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
 
@@ -88,18 +84,6 @@ class _PlanType(type):
             finally:
                 leave_device(context)
         return plan
-
-
-def _same_scalar(old, new):
-    """Whether scalar ``new`` is ``old`` for a plan: the same object, or of the same type and value (a zero of the
-    same sign; NaN is never the same)."""
-    if new is old:
-        return True
-    if type(new) is not type(old) or not new == old:
-        return False
-    if new == 0 and isinstance(new, (float, np.floating)):
-        return math.copysign(1.0, new) == math.copysign(1.0, old)
-    return True
 
 
 class Plan(metaclass=_PlanType):
@@ -218,7 +202,7 @@ class Plan(metaclass=_PlanType):
             if is_scalar(o) or is_scalar(n):
                 if not (is_scalar(o) and is_scalar(n)):
                     raise NotRebindable("an array argument became a scalar (or the reverse)")
-                if not _same_scalar(o, n):
+                if not same_scalar(o, n):
                     raise NotRebindable(f"the scalar argument {o!r} became {n!r}: a plan keeps the scalars it was "
                                         f"built with (build a plan for the new value)")
                 facts.append(None)
@@ -368,9 +352,9 @@ class Plan(metaclass=_PlanType):
 
 
 def _same_arguments(new, old):
-    """Whether a prepared launch of ``old`` launches ``new`` as it is: the same objects, scalars of equal value."""
-    return len(new) == len(old) and all(
-        a is b or is_scalar(a) and type(a) is type(b) and a == b for a, b in zip(new, old))
+    """Whether a prepared launch of ``old`` launches ``new`` as it is: the same objects, scalars of the same value
+    (:func:`same_scalar`)."""
+    return len(new) == len(old) and all(a is b or is_scalar(a) and same_scalar(b, a) for a, b in zip(new, old))
 
 
 def _remade(output, device=None):

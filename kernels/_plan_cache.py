@@ -4,10 +4,8 @@ instead of building it again."""
 from __future__ import annotations
 
 import itertools
-import math
+import operator
 import threading
-
-import numpy as np
 
 from numbatma import layout_record
 from numbatma.devices import DEVICE_READERS as _device_readers
@@ -15,6 +13,7 @@ from numbatma.devices import array_device, current_device, device_reader, severa
 
 from ._rebind import _scalar_types
 from ._rebind import is_scalar as _is_scalar
+from ._rebind import scalar_key
 
 __all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "cached_plans",
            "DEFAULT_PLAN_CACHE_SIZE"]
@@ -30,7 +29,7 @@ _stats = {"hits": 0, "misses": 0, "uncached": 0, "rebind_failed": 0}
 _ticks = itertools.count(1)  # (use order: an entry's tick is that of its last call; the least recent is evicted)
 _generation = [0]  # (bumped by clear_plan_cache and plan_cache_size: an entry of an older one is not put back)
 _NO_DEVICE = object()
-_FLOATS = (float, np.floating)
+_tick = operator.attrgetter("tick")
 
 
 class _Entry:
@@ -89,10 +88,6 @@ def cached_plans():
     return [e.plan for e in sorted(entries, key=_tick)]
 
 
-def _tick(entry):
-    return entry.tick
-
-
 def _retire(entry):
     """Move ``entry`` (no longer its plan class's last call, or not put back as one) into ``_cache``: its hits into
     the counts. Under the lock."""
@@ -122,21 +117,13 @@ def _option_key(value):
     """A hashable, type-aware form of an option value (raises TypeError when there is none)."""
     if isinstance(value, (tuple, list)):
         return (type(value).__name__,) + tuple(_option_key(v) for v in value)
-    hash(value)
-    if value == 0 and isinstance(value, _FLOATS):  # (-0.0 == 0.0 and hashes alike: the sign is part of the key)
-        return (type(value).__name__, value, math.copysign(1.0, value))
-    return (type(value).__name__, value)
+    return scalar_key(value)
 
 
 def cache_key(plan_class, arrays, options):
     """The cache key of ``run(plan_class, *arrays, **options)``, or None when the call cannot be cached (an
     unhashable option or scalar, an argument numbatma cannot read). See :func:`run`."""
-    key = _key_and_facts(plan_class, arrays, options)[0]
-    try:
-        hash(key)
-    except TypeError:  # (an unhashable scalar or option value)
-        return None
-    return key
+    return _key_and_facts(plan_class, arrays, options)[0]
 
 
 def _key_and_facts(plan_class, arrays, options):

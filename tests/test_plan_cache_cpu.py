@@ -686,3 +686,14 @@ def test_rebind_refuses_another_scalar(new):
     with pytest.raises(_plan.NotRebindable, match="scalar argument 0.0 became"):
         plan.rebind(new, x, y, out)
     assert plan.rebind(float("0.0"), x, y, out) is plan  # (the same value and type: another object is fine)
+
+
+def test_one_rule_for_the_same_scalar():
+    """kernels/_rebind.same_scalar: what Plan.rebind accepts and what a prepared launch without ``update`` keeps."""
+    from numbatma.kernels._rebind import same_scalar
+
+    nan = float("nan")
+    assert same_scalar(2.0, float("2.0")) and same_scalar(7, int("7")) and same_scalar(nan, nan)
+    assert not same_scalar(0.0, -0.0) and not same_scalar(np.float32(0), np.float32(-0.0))
+    assert not same_scalar(2.0, np.float64(2.0)) and not same_scalar(2, 2.0) and not same_scalar(nan, float("nan"))
+    assert _plan._same_arguments((float("1.5"), 3), (1.5, 3)) and not _plan._same_arguments((-0.0,), (0.0,))
