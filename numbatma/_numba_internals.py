@@ -454,9 +454,7 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, s
     check_params(kernel, cufunc.handle, params, slots)
     from cuda.bindings import driver
 
-    from .devices import device_count
-
-    several = device is not None and device_count() > 1  # (one device: every context is its; nothing to compare)
+    several = device is not None and several_devices()  # (one device: every context is its; nothing to compare)
     run = ContextLaunch() if several else PreparedLaunch()
     run.dispatcher, run.kernel, run.function = dispatcher, kernel, driver.CUfunction(int(cufunc.handle))
     run.grid, run.block, run.shared_mem = _dims3(grid), _dims3(block), int(shared_mem)

@@ -206,7 +206,7 @@ def _dlpack_device(array):
 
 
 def _general_device(array):
-    if getattr(type(array), "__dlpack_device__", None) is not None or hasattr(array, "__dlpack_device__"):
+    if hasattr(array, "__dlpack_device__"):
         device = _dlpack_device(array)
         if device is not None:
             return device
@@ -277,11 +277,7 @@ def enter_device(device):
     every context is that device's, and numba makes it current where none is)."""
     if device is None:
         return None
-    drv = _DRIVER or driver()
-    if drv is None or not several_devices():
-        return None
-    err, current = drv.cuCtxGetDevice()
-    if not err and int(current) == device:
+    if (_DRIVER or driver()) is None or not several_devices() or current_device() == device:
         return None
     from numba import cuda
 
