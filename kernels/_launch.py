@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from numbatma import SIMULATING, TensorMapError, array_layout
+from numbatma import SIMULATING, TensorMapError, array_layout, byte_span
 from numbatma.devices import current_device
 
 # Shared memory on H100/H200 (and B200): per-block opt-in maximum (static + dynamic), and per SM (the
@@ -78,15 +78,8 @@ def byte_extent(layout):
     ``layout``: an :class:`numbatma.ArrayLayout`, or its fields as a tuple (:func:`numbatma.layout_facts`)."""
     ptr, shape, strides, dtype = layout if isinstance(layout, tuple) else (
         layout.ptr, layout.shape, layout.strides, layout.dtype)
-    if 0 in shape:
-        return ptr, ptr
-    lo = hi = ptr
-    for n, st in zip(shape, strides):
-        if st >= 0:
-            hi += (n - 1) * st
-        else:
-            lo += (n - 1) * st
-    return lo, hi + dtype.itemsize
+    lo, hi = byte_span(shape, strides, dtype.itemsize)
+    return ptr + lo, ptr + hi
 
 
 def same_layout(op, *arrays):

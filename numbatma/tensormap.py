@@ -36,6 +36,7 @@ from ._descriptor_base import (  # noqa: F401  (the public names are exported fr
     _FP8_NAMES,
     array_layout,
     bits_dtype,
+    byte_span,
     host_view,
     int_tuple,
     layout_facts,
@@ -63,6 +64,7 @@ __all__ = [
     "DeviceView",
     "layout_facts",
     "layout_record",
+    "byte_span",
 ]
 
 _MAX_BOX = 256
