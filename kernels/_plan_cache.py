@@ -13,6 +13,7 @@ from numbatma.devices import array_device, current_device, device_reader, severa
 
 from ._rebind import _scalar_types
 from ._rebind import is_scalar as _is_scalar
+from ._rebind import overlapping
 from ._rebind import scalar_key
 
 __all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "cached_plans",
@@ -34,11 +35,11 @@ _tick = operator.attrgetter("tick")
 
 class _Entry:
     """A cached plan and its key, with what :func:`run` needs to tell that a call repeats the plan's last one: that
-    call's arguments (the objects), options, and each array's address and interned layout record
-    (:func:`numbatma.layout_record`; None for a scalar), their layout facts and overlapping pairs as the key found
-    them (what a plan with outputs of its own is re-pointed with). ``tick`` orders uses (LRU); ``hits``: hits counted while
+    call's arguments (the objects), options, each array's layout facts (address, and the interned shape, strides and
+    dtype of :func:`numbatma.layout_record`; None for a scalar) and the overlapping pairs as the key found them (what a
+    plan with outputs of its own is re-pointed with). ``tick`` orders uses (LRU); ``hits``: hits counted while
     the entry is its plan class's last call (owned by the call that took it, so counted without the lock)."""
-    __slots__ = ("key", "plan", "arrays", "options", "reads", "facts", "overlap", "tick", "hits", "generation")
+    __slots__ = ("key", "plan", "arrays", "options", "facts", "overlap", "tick", "hits", "generation")
 
     def __init__(self, key, plan):
         self.key, self.plan, self.hits, self.generation = key, plan, 0, _generation[0]
@@ -128,13 +129,13 @@ def cache_key(plan_class, arrays, options):
 
 def _key_and_facts(plan_class, arrays, options):
     """(the cache key, the arguments' layout_facts with None for a scalar, the pairs ``(j, i)``, ``j < i``, of
-    arguments that overlap, the arguments' reads ``(ptr, layout record)`` with None for a scalar), or four Nones.
+    arguments that overlap: :func:`overlapping`), or three Nones.
     Each array is read once (:func:`numbatma.layout_record`: its layout interned, so the key holds the layout's id,
     and its byte span comes with it) and its device once (:func:`numbatma.array_device`'s reader of its class: a
     torch tensor's ``get_device()``)."""
     try:
         opts = tuple(sorted((k, _option_key(v)) for k, v in options.items())) if options else ()
-        parts, facts, reads, spans, overlap = [], [], [], [], ()
+        parts, facts, extents = [], [], []
         scalar_types, readers = _scalar_types, _device_readers
         device = devices = _NO_DEVICE
         several = several_devices()  # (one device: every array is on it; nothing to read)
@@ -145,7 +146,7 @@ def _key_and_facts(plan_class, arrays, options):
             if scalar:
                 parts.append(("scalar", _option_key(a)))
                 facts.append(None)
-                reads.append(None)
+                extents.append(None)
                 continue
             ptr, record = layout_record(a)  # (shape, byte strides, dtype, id, lo, hi)
             if several:
@@ -157,25 +158,21 @@ def _key_and_facts(plan_class, arrays, options):
                     device = where
                 elif where != device:
                     devices = where  # (arrays of several devices: see below)
-            lo, hi = ptr + record[4], ptr + record[5]
-            overlaps = ()
-            for j, lo2, hi2 in spans:
-                if lo < hi2 and lo2 < hi or lo == lo2:
-                    overlaps += (j,)
-                    overlap += ((j, len(parts)),)
-            spans.append((len(parts), lo, hi))
-            parts.append((type(a), record[3], ptr & 1023, overlaps))
+            parts.append((type(a), record[3], ptr & 1023))
             facts.append((ptr, record[0], record[1], record[2]))
-            reads.append((ptr, record))
+            extents.append((ptr + record[4], ptr + record[5]))
+        overlap = tuple(overlapping(extents))
+        for i, j in overlap:  # (an array's part names the earlier arguments it overlaps)
+            parts[j] += (i,)
         if devices is not _NO_DEVICE:  # (several devices, peer access: each one's, and the current device's)
             device = (tuple(None if f is None else array_device(a) for a, f in zip(arrays, facts)), current_device())
         elif device is _NO_DEVICE:  # (one device, or no array)
             device = None
         key = (plan_class, opts, tuple(parts), device)
         hash(key)
-        return key, tuple(facts), overlap, tuple(reads)
+        return key, tuple(facts), overlap
     except Exception:  # noqa: BLE001 - unhashable options or scalars, arguments numbatma cannot read: not cached
-        return None, None, None, None
+        return None, None, None
 
 
 def _repeats(entry, arrays, options):
@@ -192,15 +189,15 @@ def _repeats(entry, arrays, options):
         if options != old_options or any(type(v) is not type(old_options[k]) for k, v in options.items()):
             return False
     read_layout = layout_record
-    for a, o, r in zip(arrays, old, entry.reads):
-        if r is None:
+    for a, o, f in zip(arrays, old, entry.facts):
+        if f is None:
             if a is not o and (type(a) is not int or type(o) is not int or a != o):
                 return False
         elif a is not o:
             return False
         else:
-            ptr, record = read_layout(a)
-            if ptr != r[0] or record is not r[1]:
+            ptr, record = read_layout(a)  # (interned: the same layout is the very same shape, strides and dtype)
+            if ptr != f[0] or record[0] is not f[1] or record[1] is not f[2] or record[2] is not f[3]:
                 return False
     return True
 
@@ -267,7 +264,7 @@ def _run_keyed(plan_class, hot, arrays, stream, options):
     class's last-call entry that :func:`run` took (or None), returned to the cache here."""
     key = None
     if _cache_max and plan_class.rebindable:
-        key, facts, overlap, reads = _key_and_facts(plan_class, arrays, options)
+        key, facts, overlap = _key_and_facts(plan_class, arrays, options)
     if key is None:
         with _cache_lock:
             if hot is not None:
@@ -301,8 +298,7 @@ def _run_keyed(plan_class, hot, arrays, stream, options):
         plan = plan_class(*arrays, **options)
         plan.__dict__["_user_facts"] = facts
         entry = _Entry(key, plan)
-    entry.arrays, entry.options, entry.reads, entry.tick = arrays, options, reads, next(_ticks)
-    entry.facts, entry.overlap = facts, overlap
+    entry.arrays, entry.options, entry.facts, entry.overlap, entry.tick = arrays, options, facts, overlap, next(_ticks)
     out = plan.launch(stream)
     if plan.cacheable:
         with _cache_lock:
