@@ -55,11 +55,12 @@ it on ``stream``, return its output.
 from __future__ import annotations
 
 from numbatma import ArrayLayout, TensorMapError, launch_argument, layout_facts, prepare_launch
+from numbatma.launch import same_scalar
 from numbatma.devices import array_device, common_device, enter_device, leave_device, on_device, several_devices
 from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
 
 from ._launch import byte_extent
-from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map, same_scalar
+from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map
 
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
 

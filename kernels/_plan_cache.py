@@ -10,11 +10,11 @@ import threading
 from numbatma import layout_record
 from numbatma.devices import DEVICE_READERS as _device_readers
 from numbatma.devices import array_device, current_device, device_reader, several_devices
+from numbatma.launch import scalar_key
 
 from ._rebind import _scalar_types
 from ._rebind import is_scalar as _is_scalar
 from ._rebind import overlapping
-from ._rebind import scalar_key
 
 __all__ = ["run", "plan_cache_size", "clear_plan_cache", "plan_cache_info", "cache_key", "cached_plans",
            "DEFAULT_PLAN_CACHE_SIZE"]

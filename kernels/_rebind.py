@@ -21,7 +21,6 @@ address, from the old one (the argument's layout is the one the plan was built f
 from __future__ import annotations
 
 import enum
-import math
 import numbers
 
 import numpy as np
@@ -50,23 +49,6 @@ def is_scalar(value):
 
 
 _scalar_types = {}
-_FLOATS = (float, np.floating)
-
-
-def scalar_key(value):
-    """A hashable form of a scalar (or option) ``value`` that keeps apart what a kernel tells apart: its type (by
-    name), its value, and a zero's sign (``-0.0 == 0.0`` and both hash alike in Python). Raises TypeError for an
-    unhashable value."""
-    hash(value)
-    if value == 0 and isinstance(value, _FLOATS):
-        return (type(value).__name__, value, math.copysign(1.0, value))
-    return (type(value).__name__, value)
-
-
-def same_scalar(old, new):
-    """Whether a plan (or prepared launch) made with scalar ``old`` computes the same with ``new``: the same object,
-    or the same type and :func:`scalar_key` (the value; a zero of the same sign; a NaN only as the same object)."""
-    return new is old or type(new) is type(old) and scalar_key(new) == scalar_key(old)
 
 
 def _looks_like_array(value):

@@ -109,6 +109,7 @@ import types as _pytypes
 
 from llvmlite import ir
 
+from ._scalars import same_scalar
 from ._shapes import check_grid
 from .devices import several_devices
 
@@ -527,7 +528,9 @@ class PreparedLaunch:
                 if ptr is None:
                     return False
                 writes = ((slot[1] + _ARRAY_PTR, ptr),)
-            else:  # (a scalar is written even when equal: -0.0 == 0.0)
+            elif kind == "scalar" and same_scalar(old, new):  # (not for -0.0 after 0.0, though they are ==)
+                continue
+            else:
                 values = _patched_slot(self, slot, new)
                 writes = None if values is None else self.params.writes(slot[1], values)
                 if writes is None:

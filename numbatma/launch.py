@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 
 from ._env import SIMULATING
+from ._scalars import same_scalar, scalar_key
 from .views import launch_argument
 
-__all__ = ["dependent_launch", "prepare_launch"]
+__all__ = ["dependent_launch", "prepare_launch", "same_scalar", "scalar_key"]
 
 
 def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, scoped=True):

@@ -689,8 +689,9 @@ def test_rebind_refuses_another_scalar(new):
 
 
 def test_one_rule_for_the_same_scalar():
-    """kernels/_rebind.same_scalar: what Plan.rebind accepts and what a prepared launch without ``update`` keeps."""
-    from numbatma.kernels._rebind import same_scalar
+    """numbatma.launch.same_scalar: what Plan.rebind accepts, what a prepared launch without ``update`` keeps (and
+    what PreparedLaunch.update does not write again: tests/test_numba_internals.py)."""
+    from numbatma.launch import same_scalar
 
     nan = float("nan")
     assert same_scalar(2.0, float("2.0")) and same_scalar(7, int("7")) and same_scalar(nan, nan)
