@@ -728,29 +728,37 @@ class KernelParams:
         return ctypes.string_at(self.pointers[i], self.sizes[i])
 
 
-def kernel_param_sizes(kernel, handle):
-    """The sizes of the compiled kernel's parameters, as the driver lays them out (``cuKernelGetParamInfo`` on the
-    ``CUkernel`` ``handle``), remembered on the kernel; None where the driver cannot tell (before CUDA 12.4)."""
+def kernel_param_sizes(kernel, handle, expected):
+    """The sizes of the compiled kernel's parameters, as the driver lays them out, remembered on the kernel; None where
+    the driver cannot tell (before CUDA 12.4). The count comes from ``cuKernelGetParamCount`` (CUDA 12.9+), each size
+    from ``cuKernelGetParamInfo`` on the ``CUkernel`` ``handle``; only indices that exist are asked for (an index past
+    the last parameter is an API error that compute-sanitizer reports in the user's program). A driver without
+    ``cuKernelGetParamCount``: the ``expected`` count (what numbatma laid out) is asked for, so a kernel with fewer
+    parameters fails the check (a missing index) and one with more is not told apart."""
     sizes = getattr(kernel, "_numbatma_param_sizes", _MISSING)
     if sizes is not _MISSING:
         return sizes
     from cuda.bindings import driver
 
-    get = getattr(driver, "cuKernelGetParamInfo", None)
-    invalid, ok = driver.CUresult.CUDA_ERROR_INVALID_VALUE, driver.CUresult.CUDA_SUCCESS
-    sizes = [] if get is not None else None
-    while sizes is not None:
-        try:
-            err, _, size = get(handle, len(sizes))
-        except Exception:  # noqa: BLE001 - (a driver without the entry point)
-            sizes = None
-            break
-        if err == invalid and sizes:  # (past the last parameter)
-            break
-        if err != ok or len(sizes) > 65536:
-            sizes = None
-            break
-        sizes.append(int(size))
+    info = getattr(driver, "cuKernelGetParamInfo", None)
+    count_of = getattr(driver, "cuKernelGetParamCount", None)
+    ok = driver.CUresult.CUDA_SUCCESS
+    sizes = None
+    try:
+        count = None
+        if count_of is not None:
+            err, n = count_of(handle)
+            count = int(n) if err == ok else None
+        if info is not None:
+            sizes = []
+            for i in range(count if count is not None else expected):
+                err, _, size = info(handle, i)
+                if err != ok:
+                    sizes = None if count is not None or i == 0 else sizes
+                    break
+                sizes.append(int(size))
+    except Exception:  # noqa: BLE001 - (a driver without the entry points)
+        sizes = None
     try:
         kernel._numbatma_param_sizes = sizes
     except AttributeError:  # (a kernel object that takes no attributes: asked again next time)
@@ -762,7 +770,7 @@ def check_params(kernel, handle, params, slots):
     """Raise RuntimeError where the parameter block does not fit the kernel's parameters as the driver lays them
     out (their count, and each one's size); nothing where the driver cannot tell. A kernel without parameters
     (``cuKernelGetParamInfo`` answers INVALID_VALUE for index 0) is not checked either."""
-    sizes = kernel_param_sizes(kernel, handle)
+    sizes = kernel_param_sizes(kernel, handle, len(params.sizes))
     if sizes is None:
         return
     have = params.sizes

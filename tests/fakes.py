@@ -208,13 +208,16 @@ class FakeDriver:
     """The driver calls of a prepared launch, without a GPU: ``cuLaunchKernel`` / ``cuLaunchKernelEx`` record each
     launch (function, grid, block, shared memory, stream handle, whether dependent, and every parameter's bytes as
     the driver copies them at the launch: ``param_sizes`` bytes from each pointer of the kernelParams array);
-    ``cuKernelGetParamInfo`` answers ``param_sizes`` (``report=False``: NOT_SUPPORTED, as a driver before 12.4)."""
+    ``cuKernelGetParamCount`` / ``cuKernelGetParamInfo`` answer ``param_sizes`` (``report=False``: NOT_SUPPORTED, as
+    a driver before 12.4; ``count=False``: no ``cuKernelGetParamCount``, as a driver before 12.9). ``past``: the
+    indices asked for that do not exist (an API error compute-sanitizer reports)."""
 
-    def __init__(self, param_sizes, report=True):
+    def __init__(self, param_sizes, report=True, count=True):
         self.param_sizes = list(param_sizes)
-        self.report = report
+        self.report, self.count = report, count
         self.calls = []
         self.queries = 0
+        self.past = []
         self.blocks = {}  # (parameter block address -> its sizes: offline_gpu)
 
     def install(self, monkeypatch):
@@ -223,6 +226,10 @@ class FakeDriver:
         monkeypatch.setattr(driver, "cuLaunchKernel", self.launch)
         monkeypatch.setattr(driver, "cuLaunchKernelEx", self.launch_ex)
         monkeypatch.setattr(driver, "cuKernelGetParamInfo", self.param_info)
+        if self.count:
+            monkeypatch.setattr(driver, "cuKernelGetParamCount", self.param_count, raising=False)
+        else:
+            monkeypatch.delattr(driver, "cuKernelGetParamCount", raising=False)
         return self
 
     def _params(self, address):
@@ -262,8 +269,17 @@ class FakeDriver:
         if not self.report:
             return (driver.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0, 0)
         if index >= len(self.param_sizes):
+            self.past.append(index)
             return (driver.CUresult.CUDA_ERROR_INVALID_VALUE, 0, 0)
         return (driver.CUresult.CUDA_SUCCESS, sum(self.param_sizes[:index]), self.param_sizes[index])
+
+    def param_count(self, kernel):
+        from cuda.bindings import driver
+
+        self.queries += 1
+        if not self.report:
+            return (driver.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0)
+        return (driver.CUresult.CUDA_SUCCESS, len(self.param_sizes))
 
 
 
@@ -337,6 +353,7 @@ def offline_gpu(set_attr, record=True):
     set_attr(_descriptor_base.TMADescriptor, "descriptor", property(descriptor))
     set_attr(DeviceView, "device_array", device_array)
     set_attr(cu, "cuKernelGetParamInfo", lambda *a: (cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0, 0))
+    set_attr(cu, "cuKernelGetParamCount", lambda *a: (cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0))
     if record:
         set_attr(cu, "cuLaunchKernel", fake.launch)
         set_attr(cu, "cuLaunchKernelEx", fake.launch_ex)

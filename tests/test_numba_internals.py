@@ -427,13 +427,26 @@ def test_prepare_checks_the_layout_against_the_drivers_parameter_sizes(monkeypat
     x = numba_array((16,), np.float32, 1 << 20)
     sig = (types.float32[::1], types.float32)
     run, driver = _offline_prepared(monkeypatch, sig, (x, 2.0), [8] * 7 + [4])
-    assert run is not None and driver.queries == 9  # (8 parameters and the index past them)
+    assert run is not None and driver.queries == 9  # (the count, then the 8 parameters)
+    assert driver.past == []  # (no index past the last: compute-sanitizer reports one as an API error)
     for sizes in ([8] * 7, [8] * 7 + [8], [8] * 7 + [4, 4], [8] * 6 + [16, 4]):
         with pytest.raises(RuntimeError, match="laid out 8 kernel parameters"):
             _offline_prepared(monkeypatch, sig, (x, 2.0), sizes)
     assert _offline_prepared(monkeypatch, sig, (x, 2.0), [8] * 6 + [4, 4])[0] is not None  # (the shape: an int)
     from fakes import FakeDriver
 
+    # A driver without cuKernelGetParamCount: the laid-out count is asked for, never an index past the kernel's last
+    # parameter unless the kernel has fewer (a mismatch, refused).
+    for sizes, fits in (([8] * 7 + [4], True), ([8] * 7, False), ([8] * 7 + [4, 4], None)):
+        driver = FakeDriver(sizes, count=False).install(monkeypatch)
+        kernel = internals.compiled_kernel(_OfflineDispatcher(), (x, 2.0))
+        kernel.__dict__.pop("_numbatma_param_sizes", None)
+        if fits is False:
+            with pytest.raises(RuntimeError, match="laid out 8 kernel parameters"):
+                internals.prepare_launch(_OfflineDispatcher(), (x, 2.0), 4, 128, 0)
+        else:  # (True: fits; None: a ninth parameter is not told apart without the count)
+            assert internals.prepare_launch(_OfflineDispatcher(), (x, 2.0), 4, 128, 0) is not None
+            assert driver.past == []
     FakeDriver([1, 2, 3], report=False).install(monkeypatch)
     kernel = internals.compiled_kernel(None, ())
     kernel.__dict__.pop("_numbatma_param_sizes", None)
