@@ -159,6 +159,7 @@ class ArrayLayout:
     shape: tuple
     strides: tuple  # bytes, row-major order like shape
     dtype: np.dtype
+    readonly: bool = False  # the exporter says the memory must not be written (see is_readonly)
 
     @property
     def name(self):
@@ -168,13 +169,14 @@ class ArrayLayout:
         """The layout of ``array[..., start:stop]`` (a range of the innermost axis)."""
         start, stop = max(0, int(start)), min(int(stop), self.shape[-1])
         return ArrayLayout(self.ptr + start * self.strides[-1], self.shape[:-1] + (max(0, stop - start),),
-                           self.strides, self.dtype)
+                           self.strides, self.dtype, self.readonly)
 
     def _shifted(self, delta):
         """This layout ``delta`` bytes further (made without the dataclass's field-by-field ``__init__``: re-pointing
         makes one per view and descriptor per call)."""
         moved = object.__new__(ArrayLayout)
-        moved.__dict__.update(ptr=self.ptr + delta, shape=self.shape, strides=self.strides, dtype=self.dtype)
+        moved.__dict__.update(ptr=self.ptr + delta, shape=self.shape, strides=self.strides, dtype=self.dtype,
+                              readonly=self.readonly)
         return moved
 
 
@@ -202,12 +204,26 @@ class DeviceView:
         return lay
 
     @property
+    def readonly(self):
+        """Whether the memory must not be written: the layout says so, or the owner does (:func:`is_readonly`)."""
+        if self.layout.readonly:
+            return True
+        owner = self.owner
+        if owner is None or owner is self:
+            return False
+        try:
+            return is_readonly(owner)
+        except TensorMapError:  # (an owner that is no array: only keeps the memory alive)
+            return False
+
+    @property
     def __cuda_array_interface__(self):
         cai = self._cai
         if cai is None:
             lay = self.layout
             cai = self._cai = {"shape": tuple(lay.shape), "strides": tuple(lay.strides),
-                               "typestr": bits_dtype(lay.dtype).str, "data": (int(lay.ptr), False), "version": 3}
+                               "typestr": bits_dtype(lay.dtype).str, "data": (int(lay.ptr), self.readonly),
+                               "version": 3}
         return cai
 
     def _at(self, delta, owner):
@@ -350,7 +366,7 @@ def array_layout(array) -> ArrayLayout:
         return array
     if isinstance(array, DeviceView):
         return array.layout  # (its own dtype: a bfloat16 view stays bfloat16)
-    return ArrayLayout(*layout_facts(array))
+    return ArrayLayout(*layout_facts(array), is_readonly(array))
 
 
 def layout_facts(array):
@@ -424,6 +440,7 @@ def _general_facts(array):
     if SIMULATING:
         host = simulator_memory(array)
         if host is not None:
+            check_byte_order(host.dtype)
             return (int(host.__array_interface__["data"][0]), tuple(host.shape),
                     _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize), host.dtype)
     try:
@@ -433,16 +450,7 @@ def _general_facts(array):
     except Exception:  # e.g. torch refuses the CAI for bfloat16; DLPack below handles it
         cai = None
     if cai is not None:
-        shape = tuple(int(s) for s in cai["shape"])
-        dtype = _dtype_from_typestr(cai["typestr"], cai.get("descr"))
-        if dtype is None:
-            raise TensorMapError(f"TensorMap: unsupported element type {cai['typestr']!r}.")
-        strides = cai.get("strides")
-        if strides is None:
-            strides = _c_strides(shape, dtype.itemsize)
-        ptr = int(cai["data"][0])
-        strides = _unit_dims_strides(shape, tuple(int(s) for s in strides), dtype.itemsize)
-        return ptr, shape, strides, dtype
+        return _cai_facts(cai, array)[:4]
     if hasattr(array, "__dlpack__"):
         from cuda.core.utils import StridedMemoryView
 
@@ -475,6 +483,161 @@ def _general_facts(array):
         f"TensorMap: expected a CUDA array (numba device array, CuPy array, PyTorch tensor: anything with "
         f"__cuda_array_interface__ or __dlpack__), got {type(array).__name__}."
     )
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _cai_error(array, field, rule, value):
+    return TensorMapError(
+        f"TensorMap: the __cuda_array_interface__ of the {type(array).__name__} is malformed: {field} must be "
+        f"{rule}, got {value!r}."
+    )
+
+
+def _cai_facts(cai, array):
+    """``(ptr, shape, byte strides, dtype, readonly)`` of a CUDA Array Interface dict ``cai`` (of ``array``), each
+    field checked against the interface's rules (version 3): ``shape`` a tuple of ints >= 0, ``typestr`` a NumPy
+    type string, ``data`` a pair ``(pointer: int, readonly: bool)``, ``strides`` None or one byte stride (an int,
+    a multiple of the itemsize) per dimension, ``mask`` None. A malformed field is a :class:`TensorMapError` naming
+    it and its value, never an error from NumPy or Python's internals."""
+    if not isinstance(cai, dict):
+        raise _cai_error(array, "the interface", "a dict", cai)
+    for field in ("shape", "typestr", "data"):
+        if field not in cai:
+            raise TensorMapError(
+                f"TensorMap: the __cuda_array_interface__ of the {type(array).__name__} has no {field!r} entry; "
+                f"the interface needs 'shape', 'typestr' and 'data' (got the keys {sorted(map(str, cai))})."
+            )
+    shape = cai["shape"]
+    if not isinstance(shape, (tuple, list)) or not all(_is_int(n) and n >= 0 for n in shape):
+        raise _cai_error(array, "'shape'", "a tuple of ints >= 0", shape)
+    shape = tuple(int(n) for n in shape)
+    typestr = cai["typestr"]
+    if not isinstance(typestr, str):
+        raise _cai_error(array, "'typestr'", "a NumPy type string such as '<f4'", typestr)
+    try:
+        dtype = _dtype_from_typestr(typestr, cai.get("descr"))
+    except TensorMapError:
+        raise
+    except Exception:  # noqa: BLE001 - (NumPy's own errors for a malformed string: SyntaxError, ValueError, ...)
+        dtype = None
+    if dtype is None:
+        raise TensorMapError(f"TensorMap: unsupported element type {typestr!r} (the interface's 'typestr' must be a "
+                             f"NumPy type string such as '<f4').")
+    check_byte_order(dtype, typestr)
+    data = cai["data"]
+    if (not isinstance(data, (tuple, list)) or len(data) != 2 or not _is_int(data[0]) or data[0] < 0
+            or not isinstance(data[1], (bool, np.bool_))):
+        raise _cai_error(array, "'data'", "a pair (pointer: an int >= 0, read-only flag: a bool)", data)
+    ptr, readonly = int(data[0]), bool(data[1])
+    if cai.get("mask") is not None:
+        raise TensorMapError(
+            f"TensorMap: the {type(array).__name__} is a masked array (its __cuda_array_interface__ has a 'mask'); "
+            f"numbatma reads and writes every element: pass the array without its mask."
+        )
+    strides = cai.get("strides")
+    itemsize = dtype.itemsize
+    if strides is None:
+        strides = _c_strides(shape, itemsize)
+    else:
+        if not isinstance(strides, (tuple, list)) or not all(_is_int(st) for st in strides):
+            raise _cai_error(array, "'strides'", "None or a tuple of ints (bytes)", strides)
+        strides = tuple(int(st) for st in strides)
+        if len(strides) != len(shape):
+            raise TensorMapError(
+                f"TensorMap: the __cuda_array_interface__ of the {type(array).__name__} is malformed: 'strides' "
+                f"{strides} has {len(strides)} entries but 'shape' {shape_str(shape)} has {len(shape)}; the interface "
+                f"gives one byte stride per dimension."
+            )
+        strides = _unit_dims_strides(shape, strides, itemsize)
+        if 0 not in shape:
+            for axis, st in enumerate(strides):
+                if st % itemsize:
+                    raise TensorMapError(
+                        f"TensorMap: stride of dimension {axis} of the {dtype.name} array with shape "
+                        f"{shape_str(shape)} is {st} bytes, not a multiple of the itemsize ({itemsize} bytes): its "
+                        f"elements would be misaligned. Strides must be whole elements (got byte strides {strides})."
+                    )
+    return ptr, shape, strides, dtype, readonly
+
+
+def check_byte_order(dtype, typestr=None):
+    """Refuse big-endian (non-native) elements: GPUs and TMA move and read little-endian bytes, so a '>f4' array
+    would be read as garbage. (``typestr``: the interface's spelling, which tells the byte order of a 2-byte void,
+    bfloat16's typestr, that the dtype does not keep.)"""
+    spelled = typestr if isinstance(typestr, str) else dtype.str
+    if not dtype.isnative or (dtype.itemsize > 1 and spelled[:1] in (">", "!") and _LITTLE):
+        raise TensorMapError(
+            f"TensorMap: the array's elements are big-endian ({spelled!r}); GPUs and TMA read little-endian bytes, "
+            f"so numbatma refuses them rather than read garbage. Convert the data to the native byte order first "
+            f"(e.g. host.astype(host.dtype.newbyteorder('<')) before the copy to the GPU)."
+        )
+
+
+_LITTLE = np.little_endian
+
+
+def is_readonly(array):
+    """Whether ``array``'s exporter says its memory must not be written: the read-only flag of its CUDA Array
+    Interface (``data[1]``), of its DLPack export (DLPack 1.0's read-only flag, through cuda.core), a NumPy array's
+    ``flags.writeable`` under the simulator; an :class:`ArrayLayout`'s ``readonly``; a :class:`DeviceView` is
+    read-only when its layout or its owner is. numba device arrays and torch tensors are always writable (their
+    interfaces say so). Raises :class:`TensorMapError` for what is not an array (as :func:`array_layout`). Decided
+    per array class where the class alone answers (numba, torch: no interface is built)."""
+    read = _READONLY.get(type(array))
+    if read is None:
+        read = _READONLY[type(array)] = _readonly_reader(type(array))
+    return read(array)
+
+
+_READONLY = {}  # array class -> its read-only reader
+
+
+def _never(array):
+    return False
+
+
+def _readonly_reader(cls):
+    import sys
+
+    if issubclass(cls, ArrayLayout):
+        return lambda layout: layout.readonly
+    if issubclass(cls, DeviceView):
+        return lambda view: view.readonly
+    if SIMULATING:
+        return _general_readonly
+    if cls.__name__ == "DeviceNDArray" and cls.__module__ == "numba.cuda.cudadrv.devicearray":
+        return _never  # (numba's interface: always (ptr, False))
+    torch = sys.modules.get("torch")
+    if torch is not None and cls is getattr(torch, "Tensor", None):
+        return _never  # (torch's interface: always (ptr, False); its tensors are writable)
+    return _general_readonly
+
+
+def _general_readonly(array):
+    if SIMULATING:
+        host = simulator_memory(array)
+        if host is not None:
+            return not host.flags.writeable
+    try:
+        cai = array.__cuda_array_interface__
+    except Exception:  # noqa: BLE001 - (no interface, or one the exporter refuses: DLPack below)
+        cai = None
+    if cai is not None:
+        return _cai_facts(cai, array)[4]
+    if hasattr(array, "__dlpack__"):
+        from cuda.core.utils import StridedMemoryView
+
+        try:
+            view = StridedMemoryView.from_any_interface(array, stream_ptr=-1)
+        except Exception:  # noqa: BLE001 - (the intake says what is wrong with it)
+            layout_facts(array)
+            raise
+        return bool(getattr(view, "readonly", False))
+    layout_facts(array)  # (raises the intake's error for what is not an array)
+    return False
 
 
 _READERS = {}  # array class -> its reader of (ptr, record) (decided on first sight: _reader_for)
@@ -536,7 +699,8 @@ def _numba_record(a):
     dtype, shape, strides = a.dtype, a.shape, a.strides
     record = _NUMBA_KNOWN.get((shape, strides, dtype))
     if record is None:
-        plain = dtype.kind in "biuf" or dtype.name == "bfloat16"  # (what the interface's typestr reads back as it)
+        plain = (dtype.kind in "biuf" and dtype.isnative) or dtype.name == "bfloat16"  # (what the interface's
+        # typestr reads back as it; big-endian: the general path, which refuses it)
         if not plain or 0 in shape:
             return _general_record(a)
         if len(_NUMBA_KNOWN) >= 4096:

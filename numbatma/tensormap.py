@@ -39,6 +39,7 @@ from ._descriptor_base import (  # noqa: F401  (the public names are exported fr
     byte_span,
     host_view,
     int_tuple,
+    is_readonly,
     layout_facts,
     layout_record,
     numba_dtype,
@@ -65,6 +66,7 @@ __all__ = [
     "layout_facts",
     "layout_record",
     "byte_span",
+    "is_readonly",
 ]
 
 _MAX_BOX = 256
