@@ -60,7 +60,7 @@ from numbatma.devices import array_device, common_device, enter_device, leave_de
 from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
 
 from ._launch import byte_extent
-from ._rebind import NotRebindable, apply_moves, is_scalar, moves_of, overlapping, rebind_map
+from ._rebind import NotRebindable, _looks_like_array, apply_moves, is_scalar, moves_of, overlapping, rebind_map
 
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
 
@@ -68,7 +68,7 @@ _UNSET = object()
 _MOVED = "moved"  # (_stale after a re-point only: the next launch compares args, not kernel and geometry)
 # The plan's own bookkeeping (assigning these is not a change of the plan; rebind does not walk them).
 _BOOKKEEPING = frozenset({"_user_arrays", "_user_facts", "_owned", "_prepared_launch", "_stale", "_rebind_map",
-                          "_torch_device", "_device"})
+                          "_torch_device", "_device", "_building", "_arg_names", "_written"})
 
 
 class _PlanType(type):
@@ -84,6 +84,8 @@ class _PlanType(type):
                 plan.__init__(*arrays, **options)
             finally:
                 leave_device(context)
+            plan.__dict__["_building"] = False  # (from now on only `settable` attributes may be assigned)
+            plan._check_arguments(arrays, options)
         return plan
 
 
@@ -107,6 +109,21 @@ class Plan(metaclass=_PlanType):
     #: function form caches its plans). A class whose plans depend on the arrays in a way :meth:`rebind` does
     #: not handle sets it False.
     rebindable = True
+    #: The names of the arguments the kernel writes (parameter names of ``__init__``). None: the arguments that
+    #: are the plan's ``output`` (or one of its items, when ``output`` is a tuple) once it is built.
+    writes = None
+    #: The pairs ``(written, read)`` of argument names that may be *exactly* the same memory (same address, shape,
+    #: byte strides and dtype): an element-wise kernel whose every element is read before the same thread (or the
+    #: same CTA's tile store) writes it. Every other overlap of a written argument with another one is refused
+    #: (see :meth:`_check_arguments`).
+    may_alias = ()
+    #: Why a plan of this class cannot run in place (said in the overlap refusal), e.g. "the stencil reads the
+    #: neighbours of every element".
+    overlap_note = ""
+    #: The attributes that may be assigned after the plan is built, ``{name: rule}``: ``rule(plan, value)`` returns
+    #: the value to store (checked, converted) or raises; None takes any value. Every other public attribute is
+    #: fixed once the plan is built (the kernel was made for it): assigning it raises AttributeError.
+    settable = {}
 
     @property
     def cacheable(self):
@@ -125,6 +142,9 @@ class Plan(metaclass=_PlanType):
             _stale=True,  # (an attribute was assigned since the launch was prepared)
             _rebind_map=None,  # (rebind's map of the plan: _rebind.rebind_map)
             _torch_device=_UNSET,  # (the device of the first torch tensor argument, or None)
+            _building=True,  # (__init__ runs: every attribute may be assigned)
+            _arg_names=None,  # (the arguments' parameter names, for the messages of the argument rules)
+            _written=frozenset(),  # (the names of the arguments the kernel writes: writes, or found from output)
             _device=common_device(cls.__name__, arrays, TensorMapError))  # (see the property device)
         return plan
 
@@ -135,14 +155,81 @@ class Plan(metaclass=_PlanType):
         the simulator). Fixed for the plan's life: :meth:`rebind` refuses arrays of another device."""
         return self._device
 
+    @property
+    def prepared_launch(self):
+        """The prepared launch of the last :meth:`launch` (:func:`numbatma.prepare_launch`'s run; None before the
+        first launch or when there was nothing to launch): what :func:`numbatma.launch.launch_facts` describes."""
+        prepared = self._prepared_launch
+        return None if prepared is None else prepared[1]
+
     def __setattr__(self, name, value):
+        if name[0] != "_" and not self.__dict__.get("_building", True):
+            value = self._settable_value(name, value)
         object.__setattr__(self, name, value)
         if name not in _BOOKKEEPING:
             self.__dict__.update(_stale=True, _rebind_map=None)
 
     def __delattr__(self, name):
+        if name[0] != "_" and not self.__dict__.get("_building", True):
+            raise AttributeError(f"{type(self).__name__}: {name} cannot be deleted from a built plan")
         object.__delattr__(self, name)
         self.__dict__.update(_stale=True, _rebind_map=None)
+
+    def _settable_value(self, name, value):
+        """``value`` as the rule of :attr:`settable` stores it, or AttributeError for an attribute the built kernel
+        cannot follow (naming it, and what to do instead)."""
+        cls = type(self)
+        rule = cls.settable.get(name, _UNSET)
+        if rule is _UNSET:
+            allowed = ", ".join(sorted(cls.settable)) or "none"
+            old = self.__dict__.get(name, _UNSET)
+            was = f" (it was built with {name}={old!r})" if old is not _UNSET and is_scalar(old) else ""
+            raise AttributeError(
+                f"{cls.__name__}: {name} cannot be assigned after the plan is built{was}: the kernel was made for "
+                f"what the plan was built with; build a new plan instead ({cls.__name__}(..., {name}=...) or the "
+                f"function form). Attributes a built {cls.__name__} lets you assign: {allowed}.")
+        return value if rule is None else rule(self, value)
+
+    def _update(self, **attributes):
+        """Assign ``attributes`` as the plan's own code does after it is built (a kernel it switches to, a note),
+        past the :attr:`settable` rule, and mark the plan changed (the next launch compares, the next rebind
+        walks it again)."""
+        for name, value in attributes.items():
+            object.__setattr__(self, name, value)
+        self.__dict__.update(_stale=True, _rebind_map=None)
+
+    # -- the argument rules: overlap and read-only outputs ------------------------------------------------------
+    def _check_arguments(self, arrays, options):
+        """The rules every plan's arguments follow, checked once the plan is built (and by :meth:`rebind` and the
+        function forms' re-point for new arrays): no argument the kernel writes is read-only, and none shares memory
+        with another argument, except an exact alias (same address, shape, byte strides, dtype) the class lists in
+        :attr:`may_alias`. Two arguments that are only read may overlap."""
+        cls = type(self)
+        names = _argument_names(cls)
+        named = list(zip(names, arrays)) + [(k, v) for k, v in options.items() if k in names[len(arrays):]]
+        named = [(k, v) for k, v in named if not is_scalar(v) and _looks_like_array(v)]
+        if cls.writes is not None:
+            written = frozenset(cls.writes)
+        else:
+            out = self.output
+            outs = out if isinstance(out, tuple) else (out,)
+            written = frozenset(k for k, v in named if any(v is o for o in outs))
+        state = self.__dict__
+        state["_arg_names"], state["_written"] = names, written
+        _check_written(cls.__name__, [(k, v) for k, v in named if k in written])
+        _check_overlap(cls.__name__, [(k, layout_facts(v)) for k, v in named], written, cls.may_alias,
+                       cls.overlap_note)
+
+    def _check_new_arrays(self, arrays, facts):
+        """:meth:`_check_arguments` for the positional ``arrays`` (``facts``: their layout_facts, None for a scalar)
+        a built plan is re-pointed at."""
+        names, written = self._arg_names, self._written
+        if names is None:
+            return
+        named = [(k, f) for k, f in zip(names, facts) if f is not None]
+        _check_written(type(self).__name__, [(k, a) for k, a in zip(names, arrays) if k in written],
+                       _NEVER_READONLY)
+        _check_overlap(type(self).__name__, named, written, type(self).may_alias, type(self).overlap_note)
 
     @property
     def args(self):
@@ -214,6 +301,7 @@ class Plan(metaclass=_PlanType):
                 raise NotRebindable(f"{ln.name} with byte strides {ln.strides} is not the layout the plan was "
                                     f"built for ({lo_.name} with byte strides {lo_.strides})")
             facts.append(fn)
+        self._check_new_arrays(arrays, facts)
         return self._repoint(arrays, tuple(facts))
 
     def _facts(self):
@@ -350,6 +438,74 @@ class Plan(metaclass=_PlanType):
         state["_prepared_launch"] = prepared
         state["_stale"] = False
         return prepared
+
+
+_names = {}
+
+
+def _argument_names(cls):
+    """The parameter names of ``cls.__init__`` that may be passed by position (``("src", "dst")``), once per
+    class."""
+    names = _names.get(cls)
+    if names is None:
+        import inspect
+
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        names = _names[cls] = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return names
+
+
+def is_readonly(array):
+    """Whether ``array``'s CUDA Array Interface says its memory is read-only (``data[1]``); False for an array
+    without one (numba's own and the simulator's arrays are writable)."""
+    cai = getattr(array, "__cuda_array_interface__", None)
+    if not isinstance(cai, dict):
+        return False
+    data = cai.get("data")
+    return bool(data[1]) if isinstance(data, tuple) and len(data) > 1 else False
+
+
+# (array types whose interface never says read-only - torch, CuPy, numba: not read again when a plan is re-pointed)
+_NEVER_READONLY = ("torch", "cupy", "numba")
+
+
+def _check_written(op, named, skip=()):
+    """Refuse a read-only array among ``named`` (``(name, array)`` pairs the kernel writes)."""
+    for name, array in named:
+        if skip and type(array).__module__.split(".")[0] in skip:
+            continue
+        if is_readonly(array):
+            raise TensorMapError(
+                f"{op}: {name} is read-only (its __cuda_array_interface__ says data[1] = True) but the kernel "
+                f"writes it; pass a writable array as {name}.")
+
+
+def _check_overlap(op, named, written, may_alias, note=""):
+    """Refuse two arguments of ``named`` (``(name, layout_facts)``) that share a byte where at least one is in
+    ``written``, unless they are the exact alias ``(written, read)`` that ``may_alias`` lists. Empty arrays share
+    nothing."""
+    spans = []
+    for name, facts in named:
+        lo, hi = byte_extent(facts)
+        if lo < hi:
+            spans.append((name, facts, lo, hi))
+    for j, (nj, fj, lj, hj) in enumerate(spans):
+        for ni, fi, li, hi_ in spans[:j]:
+            if not (li < hj and lj < hi_) or (ni not in written and nj not in written):
+                continue
+            w, r, fw, fr = (nj, ni, fj, fi) if nj in written else (ni, nj, fi, fj)
+            exact = fw[0] == fr[0] and fw[1:] == fr[1:]
+            if exact and ((w, r) in may_alias or (r, w) in may_alias):
+                continue
+            allowed = ", ".join(f"{a} is {b}" for a, b in may_alias) or "none"
+            (lw, hw), (lr, hr) = byte_extent(fw), byte_extent(fr)
+            what = "is the same memory as" if exact else "overlaps"
+            why = f" ({note})" if note else ""
+            raise TensorMapError(
+                f"{op}: {w} {what} {r} ({w}: bytes [0x{lw:x}, 0x{hw:x}), {r}: [0x{lr:x}, 0x{hr:x})); an array a "
+                f"plan writes must not share memory with another argument, except the exact aliases (same address "
+                f"and layout) an element-wise kernel allows - for {op}: {allowed}{why}. Use a separate output "
+                f"array.")
 
 
 def _same_arguments(new, old):

@@ -286,6 +286,13 @@ def _run_keyed(plan_class, hot, arrays, stream, options):
     plan = None
     if entry is not None:
         plan = entry.plan
+        if overlap or plan._written:  # (the argument rules for the new arrays: overlaps the key admits, read-only)
+            try:
+                plan._check_new_arrays(arrays, facts)
+            except Exception:
+                with _cache_lock:  # (the entry goes back: its plan is fine for other arrays)
+                    _retire(entry)
+                raise
         try:
             if plan._owned or not _same_arrays(plan, arrays, facts):
                 plan._repoint(arrays, facts, fresh=True, overlap=overlap)

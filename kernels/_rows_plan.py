@@ -17,7 +17,8 @@ import numpy as np
 from numbatma import ArrayLayout, TensorMapError, array_layout, kernel_view
 
 from ._launch import (MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, ceil_div, persistent_grid,
-                      require_int, round_up, slot_elems)
+                      round_up, slot_elems)
+from ._options import int_option
 from ._plan import Plan
 
 __all__ = ["DTYPES", "RowsConfig", "RowsPlan", "RowsView", "StagePlan", "box_cols", "check_common", "check_tpr", "fold",
@@ -84,6 +85,8 @@ def rows_view(op, array, what="x"):
         raise TensorMapError(f"{op}: the {what} is a {layout.name}; supported dtypes: {', '.join(DTYPES)}.")
     item = dtype.itemsize
     n = layout.shape[-1]
+    if 0 in layout.shape:  # (an empty array: nothing is described or launched, so any strides do)
+        return RowsView(array, math.prod(layout.shape[:-1]), n, dtype, layout)
     rows, row_stride = fold(op, what, layout, keep_last=True)
     if n > 1 and layout.strides[-1] != item:
         raise TensorMapError(
@@ -118,20 +121,28 @@ def smem_budget(op, ctas_per_sm, static_bytes):
     """Dynamic shared memory bytes a CTA may ask for. The dynamic buffer is 1024-byte aligned and follows
     the static variables (barriers, scratch) and a reserved 1 KiB: ptxas reports 2048 bytes of static
     shared memory for 192 bytes of static variables, so the static part is rounded up accordingly."""
-    if not 1 <= ctas_per_sm <= 32:
-        raise TensorMapError(f"{op}: ctas_per_sm must be in 1..32, got {ctas_per_sm}")
+    int_option(op, "ctas_per_sm", ctas_per_sm, 1, 32)
     per_cta = min(SMEM_PER_BLOCK, SMEM_PER_SM // ctas_per_sm - SMEM_RESERVED_PER_CTA)
     return per_cta - round_up(static_bytes + 1024, 1024)
 
 
-def check_common(op, stages, warps, stage_bytes):
-    require_int(op, "stages", stages, 1, 32)
-    require_int(op, "warps (consumer warps)", warps, 1, 16)
-    if stage_bytes < 1024:
-        raise TensorMapError(f"{op}: stage_bytes must be at least 1024, got {stage_bytes}")
+def check_common(op, stages, warps, stage_bytes, ctas_per_sm=1, threads_per_row=None, rows_per_stage=None,
+                 chunk_boxes=None, mode="auto"):
+    """The options both row plans take, checked (:mod:`._options`; ``mode``: "auto", "rows" or "chunked")."""
+    from ._options import choice_option
+
+    int_option(op, "stages", stages, 1, 32)
+    int_option(op, "warps (consumer warps)", warps, 1, 16)
+    int_option(op, "stage_bytes", stage_bytes, 1024, SMEM_PER_BLOCK)
+    int_option(op, "ctas_per_sm", ctas_per_sm, 1, 32)
+    int_option(op, "threads_per_row", threads_per_row, 1, 512, none_ok=True)
+    int_option(op, "rows_per_stage", rows_per_stage, 1, none_ok=True)
+    int_option(op, "chunk_boxes", chunk_boxes, 1, none_ok=True)
+    choice_option(op, "mode", mode, ("auto", "rows", "chunked"))
 
 
 def check_tpr(op, tpr, consumers):
+    int_option(op, "threads_per_row", tpr, 1)
     if tpr < 1 or tpr & (tpr - 1) or tpr > consumers or (tpr > 32 and tpr % 32):
         raise TensorMapError(
             f"{op}: threads_per_row must be a power of two in 1..{consumers} (the consumer threads), got {tpr}"

@@ -74,6 +74,7 @@ from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from . import _launch
 from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
+from ._options import bool_option, choice_option, int_option, scalar_option
 from ._plan import Plan, run
 
 __all__ = ["Gemm", "gemm", "GemmConfig"]
@@ -458,6 +459,14 @@ class Gemm(Plan):
     def __init__(self, a, b, c, *, alpha=1.0, beta=0.0, b_layout="kn", bn=None, stages=None,
                  warp_specialized=True, group_m=8, cluster_m=None, grid=None):
         op = "Gemm"
+        alpha, beta = scalar_option(op, "alpha", alpha), scalar_option(op, "beta", beta)
+        b_layout = choice_option(op, "b_layout", b_layout, ("kn", "nk"))
+        bn = int_option(op, "bn (the tile width)", bn, choices=(64, 128, 192, 256), none_ok=True)
+        stages = int_option(op, "stages", stages, 1, 64, none_ok=True)
+        warp_specialized = bool_option(op, "warp_specialized", warp_specialized)
+        group_m = int_option(op, "group_m", group_m, 1, 1 << 16)
+        cluster_m = int_option(op, "cluster_m", cluster_m, choices=(1, 2), none_ok=True)
+        grid = int_option(op, "grid (number of CTAs)", grid, 1, 2**31 - 1, none_ok=True)
         la, lb, lc = array_layout(a), array_layout(b), array_layout(c)
         for what, lay in (("a", la), ("b", lb), ("c", lc)):
             if len(lay.shape) != 2:
@@ -479,7 +488,8 @@ class Gemm(Plan):
         self.dtype, self.out_dtype = la.dtype, lc.dtype
         self.b_layout = b_layout
         self.c = c
-        self.alpha, self.beta = float(alpha), float(beta)
+        self.alpha, self.beta = alpha, beta
+        self.has_beta = beta != 0.0  # (the kernel reads C only when built with beta != 0)
         self.kernel = None
         if m == 0 or n == 0:
             return
@@ -498,7 +508,7 @@ class Gemm(Plan):
         c_box = (64, cfg.epilogue_cols)
         self.out = ExactStore(c, c_box, swizzle=Swizzle.B128)
         self.c_map = self.out.map
-        has_beta = self.beta != 0.0
+        has_beta = self.has_beta
         self.c_load = TensorMap(c, c_box, swizzle=Swizzle.B128) if has_beta else self.c_map
         self.tiles = (ceil_div(m, BM), ceil_div(n, cfg.bn))
         self.ntiles = self.tiles[0] * self.tiles[1]
@@ -535,6 +545,13 @@ class Gemm(Plan):
                 np.float32(self.alpha), np.float32(self.beta))
 
     threads = property(lambda self: self.block, doc="``block`` (the earlier name).")
+    #: ``c`` is both read (beta != 0) and written: it must not overlap a or b (no exact alias either).
+    writes = ("c",)
+    overlap_note = "c's tiles are stored while other CTAs still load a and b"
+    #: ``plan.alpha``: any real number, read at every launch. ``plan.beta``: read at every launch too, but the
+    #: kernel reads C only when built with beta != 0, so beta stays 0 or non-zero as built.
+    settable = {"alpha": lambda plan, value: scalar_option("Gemm", "alpha", value),
+                "beta": lambda plan, value: _beta_rule(plan, value)}
 
     @property
     def shared_mem(self):
@@ -547,6 +564,18 @@ class Gemm(Plan):
     def __repr__(self):
         m, n, k = self.shape
         return f"Gemm({m}x{n}x{k}, {self.dtype.name} -> {self.out_dtype.name}, b_layout={self.b_layout!r}, {self.config})"
+
+
+def _beta_rule(plan, value):
+    """``plan.beta = value``: a real number that is 0 exactly when the plan's beta was (a kernel built for beta = 0
+    never reads C; one built for beta != 0 always does, so 0 * NaN in C would not give the beta = 0 result)."""
+    value = scalar_option("Gemm", "beta", value)
+    if (value != 0.0) != plan.has_beta:
+        built = "beta != 0 (reads C)" if plan.has_beta else "beta = 0 (never reads C)"
+        raise ValueError(f"Gemm: beta cannot change from {plan.beta!r} to {value!r} on a built plan: its kernel was "
+                         f"built for {built}; build a new plan (Gemm(..., beta={value!r})) or call gemm(..., "
+                         f"beta={value!r}).")
+    return value
 
 
 def gemm(a, b, c, **options):

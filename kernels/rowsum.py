@@ -17,6 +17,7 @@ from numbatma.intrinsics import Pipeline, shared_view
 from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync, persistent_share
 from ._launch import ceil_div, next_pow2
+from ._options import bool_option
 from ._plan import run
 from ._reduce import converters, ld, shuffle_reducers
 from ._rows_plan import (RowsPlan, box_cols, check_common, check_tpr, fold, plan_chunked, plan_rows, rows_view,
@@ -126,7 +127,8 @@ class RowSum(RowsPlan):
                  rows_per_stage=None, chunk_boxes=None, mode="auto", ctas_per_sm=1, l2_promotion=0,
                  fastmath=False):
         op = "RowSum"
-        check_common(op, stages, warps, stage_bytes)
+        check_common(op, stages, warps, stage_bytes, ctas_per_sm, threads_per_row, rows_per_stage, chunk_boxes, mode)
+        bool_option(op, "fastmath", fastmath)
         xr = rows_view(op, x)
         lo = array_layout(out)
         if lo.dtype != xr.dtype:
@@ -137,7 +139,10 @@ class RowSum(RowsPlan):
                 f"{op}: out is a {lo.name}; for x of shape {xr.layout.shape} it must have shape {lead} "
                 f"(or ({xr.rows},))."
             )
-        _, ostride = fold(op, "out", lo, keep_last=False)
+        if xr.rows == 0:  # (an empty out: nothing is written, so any strides do)
+            ostride = None
+        else:
+            _, ostride = fold(op, "out", lo, keep_last=False)
         ostride = ostride or xr.dtype.itemsize
         # out as the kernel writes it: a 1-D view of (rows,) elements ostride bytes apart (bfloat16 as bits)
         self.out_view = strided_view(out, lo.ptr, (xr.rows,), (ostride,), xr.dtype)
@@ -195,6 +200,8 @@ class RowSum(RowsPlan):
             c.box_cols, c.row_boxes, c.col_boxes, c.slot, chunked, bool(fastmath),
         )
         self.block = 32 * (warps + 1)
+
+    writes = ("out",)  # (out is one sum per row: it cannot be x, and must not overlap it)
 
     @property
     def args(self):

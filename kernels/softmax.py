@@ -39,6 +39,7 @@ from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync, persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import ceil_div, next_pow2
+from ._options import bool_option, int_option
 from ._plan import run
 from ._reduce import NEG_INF, converters, dev, group_reducers, ld, st
 from ._rows_plan import (RowsPlan, box_cols, check_common, check_tpr, plan_chunked, plan_rows, register_cap,
@@ -374,9 +375,10 @@ class Softmax(RowsPlan):
         auto_warps = warps is None
         if auto_warps:
             warps = 8
-        check_common(op, stages, warps, stage_bytes)
-        if mode not in ("auto", "rows", "chunked"):
-            raise TensorMapError(f"{op}: mode must be 'auto', 'rows' or 'chunked', got {mode!r}")
+        check_common(op, stages, warps, stage_bytes, ctas_per_sm, threads_per_row, rows_per_stage, chunk_boxes, mode)
+        bool_option(op, "fastmath", fastmath)
+        bool_option(op, "registers", registers)
+        int_option(op, "store_lag", store_lag, 0, 8)
         if not 0 <= store_lag <= 8 or store_lag >= stages:
             raise TensorMapError(f"{op}: store_lag must be in 0..min(8, stages - 1), got {store_lag}")
         xr = rows_view(op, x)
@@ -479,6 +481,11 @@ class Softmax(RowsPlan):
             )
             self.nbytes = 3 * xr.rows * xr.n * item  # x read twice
 
+    writes = ("out",)
+    #: ``softmax(x, x)``: a row is handled by one CTA, which loads each part of it before storing the same part
+    #: (chunked mode: both passes' loads of a chunk precede its store), so in place is allowed.
+    may_alias = (("out", "x"),)
+
     @property
     def args(self):
         """The kernel's arguments: ``(x_map, out_map, out tail, aligned, rows, n, row_blocks)`` and, in chunked
@@ -512,8 +519,8 @@ class Softmax(RowsPlan):
             # The build used more registers than self.block threads can have (the cap was not honoured):
             # use the shared-memory loops, which need far fewer, and say so in plan.fallback.
             regs = self.kernel.get_regs_per_thread() if len(self.kernel.overloads) == 1 else None
-            self.fallback = f"register path needs {regs} registers/thread for {self.block} threads; loops used"
-            self.kernel = _softmax_rows_kernel(*self._rows_kernel_args, False, self.max_registers)
+            self._update(fallback=f"register path needs {regs} registers/thread for {self.block} threads; loops used",
+                         kernel=_softmax_rows_kernel(*self._rows_kernel_args, False, self.max_registers))
             return super().launch(stream)
 
 

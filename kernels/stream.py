@@ -28,8 +28,8 @@ from numbatma.intrinsics import (
 from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync, persistent_share, store_release
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import (MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, require_int, same_layout,
-                      slot_elems)
+from ._launch import MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, same_layout, slot_elems
+from ._options import bool_option, int_option, scalar_option
 from ._plan import Plan, run
 
 __all__ = ["StreamCopy", "stream_copy", "Axpy", "axpy"]
@@ -67,6 +67,12 @@ def _views(op, *arrays):
         cols = shape[-1]
     views = [a.reshape((n // cols, cols)) for a in arrays]
     return views, array_layout(views[0])
+
+
+def _stream_options(op, stages, tile_bytes, ctas_per_sm):
+    """The common options of StreamCopy and Axpy, checked (:mod:`._options`)."""
+    return (int_option(op, "stages", stages, 1, 32), int_option(op, "tile_bytes", tile_bytes, 16, SMEM_PER_BLOCK),
+            int_option(op, "ctas_per_sm", ctas_per_sm, 1, 32))
 
 
 def _tile(layout, tile_bytes, tiles_per_ring=1, max_cols=MAX_BOX):
@@ -191,8 +197,9 @@ class StreamCopy(Plan):
     def __init__(self, src, dst, *, stages=4, tile_bytes=16384, ctas_per_sm=1, l2_promotion=0,
                  evict_first=False, two_roles=False):
         op = "StreamCopy"
+        stages, tile_bytes, ctas_per_sm = _stream_options(op, stages, tile_bytes, ctas_per_sm)
+        evict_first, two_roles = bool_option(op, "evict_first", evict_first), bool_option(op, "two_roles", two_roles)
         same_layout(op, src, dst)
-        stages = require_int(op, "stages", stages, 1, 32)
         self.dst = dst
         self.ntiles = 0
         if math.prod(array_layout(src).shape) == 0:
@@ -218,6 +225,9 @@ class StreamCopy(Plan):
 
     smem = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
     threads = property(lambda self: self.block, doc="``block`` (the earlier name).")
+    writes = ("dst",)
+    #: ``stream_copy(x, x)``: each tile is loaded and stored back by the same CTA (a no-op copy; allowed).
+    may_alias = (("dst", "src"),)
 
     @property
     def args(self):
@@ -308,10 +318,13 @@ class Axpy(Plan):
 
     def __init__(self, a, x, y, out, *, stages=3, tile_bytes=32768, ctas_per_sm=1, l2_promotion=256):
         op = "Axpy"
+        a = scalar_option(op, "a", a)
+        stages, tile_bytes, ctas_per_sm = _stream_options(op, stages, tile_bytes, ctas_per_sm)
         layout = same_layout(op, x, y, out)
         if layout.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TensorMapError(f"{op}: x is a {layout.name}; Axpy supports float32 and float64.")
-        stages = require_int(op, "stages", stages, 1, 32)
+        self.dtype = layout.dtype
+        self.a = layout.dtype.type(a)
         self.dst = out
         self.ntiles = 0
         if math.prod(layout.shape) == 0:
@@ -328,11 +341,16 @@ class Axpy(Plan):
         self.stages = stages
         self.shared_mem = stages * 2 * slot_elems(self.tile, lx.dtype.itemsize) * lx.dtype.itemsize
         self.grid = persistent_grid(self.ntiles, ctas_per_sm)
-        self.a = layout.dtype.type(a)
         self.kernel = _axpy_kernel(stages, self.tile, self.x_map.numba_type.dtype, self.out.tma, self.out.has_tail)
         self.nbytes = 3 * math.prod(lx.shape) * lx.dtype.itemsize  # two reads, one write
 
     block = 32 + CONSUMERS  # a producer warp and the consumer warps
+    writes = ("out",)
+    #: ``axpy(a, x, y, y)`` / ``axpy(a, x, y, x)``: element-wise; a CTA loads the x and y tiles of a stage and
+    #: TMA-stores the out tile of the same coordinates after computing it (allowed).
+    may_alias = (("out", "x"), ("out", "y"))
+    #: ``plan.a = 2.5``: the kernel reads ``a`` at every launch (a real number: see ``_options.scalar_option``).
+    settable = {"a": lambda plan, value: plan.dtype.type(scalar_option("Axpy", "a", value))}
     smem = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
 
     @property

@@ -47,7 +47,8 @@ from numbatma.intrinsics import (
 from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync, persistent_share
 from ._exact_store import ExactStore, tail_store_2d
-from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid, require_int
+from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
+from ._options import choice_option, int_option
 from ._plan import Plan, run
 
 __all__ = ["Transpose", "transpose", "default_tile", "UNIT_SHAPES"]
@@ -368,15 +369,12 @@ class Transpose(Plan):
                     f"{per} {lay.dtype.name} elements; otherwise pad the rows: allocate "
                     f"({lay.shape[0]}, {ceil_div(lay.shape[1], per) * per}) and pass the view [:, :{lay.shape[1]}]."
                 )
-        stages = require_int(op, "stages", stages, 1, 16)
-        out_stages = require_int(op, "out_stages", out_stages, 2, 8)
-        consumer_warps = require_int(op, "consumer_warps", consumer_warps, 1, 16)
-        if ctas_per_sm is not None and not (isinstance(ctas_per_sm, int) and ctas_per_sm >= 1):
-            raise TensorMapError(f"{op}: ctas_per_sm must be a positive integer, got {ctas_per_sm!r}.")
-        if grid is not None and not (isinstance(grid, int) and grid >= 1):
-            raise TensorMapError(f"{op}: grid must be a positive integer (number of CTAs), got {grid!r}.")
-        if order not in ORDERS:
-            raise TensorMapError(f"{op}: order must be one of {ORDERS}, got {order!r}.")
+        stages = int_option(op, "stages", stages, 1, 16)
+        out_stages = int_option(op, "out_stages", out_stages, 2, 8)
+        consumer_warps = int_option(op, "consumer_warps", consumer_warps, 1, 16)
+        ctas_per_sm = int_option(op, "ctas_per_sm", ctas_per_sm, 1, 32, none_ok=True)
+        grid = int_option(op, "grid (number of CTAs)", grid, 1, 2**31 - 1, none_ok=True)
+        order = choice_option(op, "order", order, ORDERS)
         self.tile = _check_tile(op, itemsize, ls.dtype.name, default_tile(itemsize) if tile is None else tile)
         self.geometry = Geometry(itemsize, self.tile, stages, consumer_warps, out_stages)
         # + the pipeline's mbarriers, which ptxas pads to 1024 bytes so the dynamic buffer stays 1024-aligned
@@ -431,6 +429,9 @@ class Transpose(Plan):
 
     smem = property(lambda self: self.shared_mem, doc="``shared_mem`` (the earlier name).")
     threads = property(lambda self: self.block, doc="``block`` (the earlier name).")
+    #: No in-place transpose: a CTA's stored tile lands where another CTA's tile is still to be loaded.
+    writes = ("dst",)
+    overlap_note = "a CTA stores its tile where another CTA's tile may still be unread, so it cannot run in place"
 
     @property
     def output(self):
