@@ -901,6 +901,10 @@ def _shared_array_generic(original):
 
         def shared_typer(shape, dtype, alignment=None):
             res = typer(shape, dtype, alignment)
+            if res is None and not _literal_shape(shape):  # (a computed shape: say so, at the user's line)
+                from .errors import TypingError
+
+                raise TypingError(f"cuda.shared.array: {SHAPE_RULE}; got {shape}")
             if isinstance(res, types.Array) and not isinstance(res, SharedArray):
                 if isinstance(shape, types.IntegerLiteral):
                     static = (shape.literal_value,)
@@ -916,6 +920,14 @@ def _shared_array_generic(original):
         return shared_typer
 
     return generic
+
+
+def _literal_shape(shape):
+    from numba.cuda import types
+
+    if isinstance(shape, types.IntegerLiteral):
+        return True
+    return isinstance(shape, types.BaseTuple) and all(isinstance(s, types.IntegerLiteral) for s in shape)
 
 
 def install_shared_array_type():
@@ -1056,6 +1068,7 @@ def install_simulator():
                     placed = self._numbatma_dynshared = _placed_buffer(self._dynshared_size, 1024)
             raw, offset = placed
             return np.frombuffer(raw, dtype=dtype, count=count, offset=offset).view(_sim.SharedArray)
+        check_constant_operand(sys._getframe(1), "shape")
         caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2])
         with _sim_lock:
             res = self._allocations.get(caller)
@@ -1197,6 +1210,285 @@ def install_simulator():
     module_cls.shfl_xor_sync = staticmethod(lambda mask, value, lane_mask: _sim.shfl_xor(mask, value, lane_mask))
     module_cls.shfl_down_sync = staticmethod(lambda mask, value, delta: _sim.shfl_down(mask, value, delta))
     module_cls.shfl_up_sync = staticmethod(lambda mask, value, delta: _sim.shfl_up(mask, value, delta))
+
+    install_simulator_launches()
+    _install_accumulator_index_check()
+
+
+# -- hook 7 (cont.): what the GPU's cuda.jit and typer decide, decided the same way in the simulator -------
+# cuda.jit options of the GPU path (numba.cuda.decorators.jit's own parameters and the keywords it hands to
+# numba.cuda.dispatcher._Kernel): the simulator accepts every one (compile-only ones are ignored) and, like the
+# GPU path, refuses any other name. tests/test_numba_internals.py checks the list against numba-cuda.
+GPU_JIT_OPTIONS = frozenset({
+    "device", "inline", "forceinline", "link", "debug", "opt", "lineinfo", "cache", "launch_bounds", "lto",
+    "shared_memory_carveout", "fastmath", "extensions", "max_registers", "boundscheck",
+})
+SHAPE_RULE = ("the shape must be a compile-time constant: an integer literal, a global or closure constant, or a "
+              "tuple of those (not a value computed in the kernel, read from an argument or chosen by a branch)")
+INDEX_RULE = ("the register index must be a compile-time constant: an integer literal, a global or closure "
+              "constant (not a loop variable or a value computed in the kernel); write the registers out with "
+              "constant indices, or use wgmma_map / wgmma_row_reduce to visit every register")
+_sim_launch_lock = threading.RLock()
+
+
+def _simulated_jit(original):
+    """The simulator's ``cuda.jit`` taking the GPU's options: ``max_registers``, ``lineinfo``, ``opt``, ``lto``,
+    ``link``, ``cache``, ``launch_bounds``, ... are accepted and ignored (they change code generation, not what
+    a kernel computes); ``fastmath``, ``debug`` and ``extensions`` go to the simulated kernel; a
+    ``launch_bounds`` carrying a cluster shape (``numbatma.cluster_launch_bounds``) makes it a
+    ``numbatma.cluster_kernel``; any other keyword is refused as the GPU's ``cuda.jit`` refuses it."""
+
+    def jit(func_or_sig=None, **options):
+        unknown = sorted(set(options) - GPU_JIT_OPTIONS)
+        if unknown:
+            raise TypeError(f"cuda.jit: unknown option {unknown[0]!r} (the GPU's cuda.jit takes "
+                            f"{', '.join(sorted(GPU_JIT_OPTIONS))})")
+        if options.get("boundscheck"):
+            raise NotImplementedError("bounds checking is not supported for CUDA")
+        kept = {k: options[k] for k in ("device", "debug", "fastmath") if k in options}
+        extensions = list(options.get("extensions") or ())
+        bounds = options.get("launch_bounds")
+
+        def finish(kernel):
+            if extensions:
+                kernel.extensions = list(extensions)
+            dims = getattr(bounds, "cluster_dims", None)
+            if dims is not None and not kept.get("device"):
+                from .cluster import cluster_kernel
+
+                return cluster_kernel(dims)(kernel)
+            return kernel
+
+        if func_or_sig is None or isinstance(func_or_sig, (str, list, tuple)) or not callable(func_or_sig):
+            wrapper = original(func_or_sig, **kept) if func_or_sig is not None else None
+
+            def decorate(fn):
+                return finish(wrapper(fn) if wrapper is not None else original(fn, **kept))
+
+            return decorate
+        return finish(original(func_or_sig, **kept))
+
+    jit._numbatma = True
+    jit._numbatma_original = original
+    return jit
+
+
+def _serialised_launch(original):
+    """``FakeCUDAKernel.__call__``: a launch from a host thread runs whole under one process-wide lock (the
+    simulator keeps one kernel context per process and swaps each module's ``cuda`` global for the launch's
+    simulated module, so two launches at once would see each other's blocks). A call from a simulated thread
+    (a device function, or a kernel called as one) runs as before."""
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    def __call__(self, *args):
+        if self._device or isinstance(threading.current_thread(), sim_kernel.BlockThread):
+            return original(self, *args)
+        with _sim_launch_lock:
+            return original(self, *args)
+
+    __call__._numbatma = True
+    return __call__
+
+
+def _configured_copy(original):
+    """``FakeCUDAKernel.__getitem__``: ``kernel[grid, block, ...]`` configures a copy, as the GPU's
+    dispatcher does (upstream's simulator configures the kernel itself, so two threads launching one kernel
+    with different grids would launch with each other's)."""
+    import copy
+
+    def __getitem__(self, configuration):
+        return original(copy.copy(self), configuration)
+
+    __getitem__._numbatma = True
+    return __getitem__
+
+
+def install_simulator_launches():
+    """Hook 7's launch and decorator parts (see :func:`_simulator_jit_points`)."""
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    _patch(sim_kernel.FakeCUDAKernel, "__call__", _serialised_launch)
+    _patch(sim_kernel.FakeCUDAKernel, "__getitem__", _configured_copy)
+    import numba.cuda as cuda_module
+    from numba.cuda import simulator
+    from numba.cuda.simulator import api
+
+    original = api.jit
+    if getattr(original, "_numbatma", False):
+        return
+    replacement = _simulated_jit(original)
+    for module in (api, simulator, cuda_module):
+        if getattr(module, "jit", None) is original:
+            module.jit = replacement
+
+
+def _simulator_jit_points():
+    """The upstream objects :func:`install_simulator_launches` replaces (tests check they exist)."""
+    from numba.cuda.simulator import api
+    from numba.cuda.simulator import kernel as sim_kernel
+
+    return {
+        "simulator.api.jit": (api, "jit"),
+        "FakeCUDAKernel.__call__": (sim_kernel.FakeCUDAKernel, "__call__"),
+        "FakeCUDAKernel.__getitem__": (sim_kernel.FakeCUDAKernel, "__getitem__"),
+        "kernel._push_kernel_context": (sim_kernel, "_push_kernel_context"),
+    }
+
+
+# Compile-time constants. Numba types cuda.shared.array's shape and a wgmma accumulator's index from the
+# kernel's IR: a value is a compile-time constant when its variable has one definition that is a constant, a
+# global or a closure variable (or another such variable; for a shape, a tuple of those) - anything else
+# (an argument, arithmetic, a loop variable, two definitions from a branch) is typed as a run-time integer,
+# which the GPU build refuses. The simulator runs the kernel's Python code, so it builds the same IR (numba-cuda's
+# bytecode frontend, once per function) and applies the same rule to the statement being run.
+_ir_cache = {}
+_ir_cache_lock = threading.Lock()
+
+
+def _frame_ir(frame):
+    """Numba IR of the function ``frame`` runs (None when the frontend cannot build it: then nothing is
+    checked)."""
+    code = frame.f_code
+    try:
+        return _ir_cache[code]
+    except KeyError:
+        pass
+    func_ir = None
+    try:
+        from numba.cuda.core import bytecode, interpreter, postproc
+
+        cells = tuple(_pytypes.CellType(frame.f_locals.get(name)) for name in code.co_freevars)
+        func = _pytypes.FunctionType(code, frame.f_globals, code.co_name, None, cells or None)
+        func_id = bytecode.FunctionIdentity.from_function(func)
+        func_ir = interpreter.Interpreter(func_id).interpret(bytecode.ByteCode(func_id=func_id))
+        postproc.PostProcessor(func_ir).run(False)
+    except Exception:  # noqa: BLE001 - code numba cannot read: the GPU build reports it; no check here
+        func_ir = None
+    with _ir_cache_lock:
+        _ir_cache[code] = func_ir
+    return func_ir
+
+
+def _is_constant(func_ir, value, tuples):
+    """Whether IR ``value`` (a variable) is a compile-time constant by numba's typing rule (above)."""
+    from numba.cuda.core import ir as nir
+
+    for _ in range(64):
+        if isinstance(value, nir.Var):
+            defs = func_ir._definitions.get(value.name, ())
+            if len(defs) != 1:
+                return False
+            value = defs[0]
+            continue
+        if isinstance(value, (nir.Const, nir.Global, nir.FreeVar)):
+            return True
+        if tuples and isinstance(value, nir.Expr) and value.op == "build_tuple":
+            return all(_is_constant(func_ir, item, False) for item in value.items)
+        return False
+    return False
+
+
+def _statements(func_ir, line):
+    from numba.cuda.core import ir as nir
+
+    for block in func_ir.blocks.values():
+        for stmt in block.body:
+            if isinstance(stmt, nir.Assign) and isinstance(stmt.value, nir.Expr) and stmt.loc.line == line:
+                yield stmt.value
+
+
+def _shared_array_shapes(func_ir, line):
+    """The shape operands of the ``cuda.shared.array`` calls on ``line``."""
+    from numba.cuda.core import ir as nir
+
+    for expr in _statements(func_ir, line):
+        if expr.op != "call":
+            continue
+        callee = func_ir._definitions.get(expr.func.name, ())
+        if len(callee) != 1 or not (isinstance(callee[0], nir.Expr) and callee[0].op == "getattr"
+                                    and callee[0].attr == "array"):
+            continue
+        owner = func_ir._definitions.get(callee[0].value.name, ())
+        if len(owner) != 1 or not (getattr(owner[0], "attr", None) == "shared"
+                                   or getattr(owner[0], "name", None) == "shared"):
+            continue
+        if expr.args:
+            yield expr.args[0]
+        else:
+            yield from (v for k, v in expr.kws if k == "shape")
+
+
+def _runtime_indices(func_ir, line, names):
+    """The run-time index operands of ``x[i]`` reads on ``line`` whose ``x`` is one of the variables ``names``."""
+    for expr in _statements(func_ir, line):
+        if expr.op == "getitem" and expr.value.name.split(".")[0] in names \
+                and not _is_constant(func_ir, expr.index, False):
+            yield expr.index
+
+
+def _sim_refusal(frame, reason):
+    from numbatma.intrinsics import _sim
+
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    import linecache
+
+    source = linecache.getline(filename, line).strip()
+    return _sim.SimulatedTypingError(f"{filename}:{line}: {reason}" + (f"\n    {line} | {source}" if source else ""))
+
+
+def check_constant_operand(frame, what, owner=None):
+    """Under the simulator: refuse, as the GPU build does while typing, the statement ``frame`` runs when an
+    operand that must be a compile-time constant is not one - ``what="shape"``: the shape of a
+    ``cuda.shared.array`` call; ``what="index"``: an index into ``owner`` (a wgmma accumulator). Raises
+    ``SimulatedTypingError`` starting with the kernel's file:line. Frames of numbatma's own code are not
+    checked."""
+    from . import errors
+
+    if frame is None or errors.is_internal(frame.f_code.co_filename):
+        return
+    key = (frame.f_code, frame.f_lineno, what)
+    verdict = _ir_cache.get(key)
+    if verdict is None:
+        func_ir = _frame_ir(frame)
+        verdict = ""
+        if func_ir is not None and what == "shape":
+            for shape in _shared_array_shapes(func_ir, frame.f_lineno):
+                if not _is_constant(func_ir, shape, True):
+                    verdict = (f"cuda.shared.array: {SHAPE_RULE}; got "
+                               f"'{_describe_var(func_ir, shape) or _user_name(shape.name)}'")
+                    break
+        with _ir_cache_lock:
+            _ir_cache[key] = verdict
+    if what == "index":
+        func_ir = _frame_ir(frame)
+        if func_ir is None:
+            return
+        names = {n for n, v in frame.f_locals.items() if v is owner}
+        for index in _runtime_indices(func_ir, frame.f_lineno, names):
+            raise _sim_refusal(frame, f"accumulator[i]: {INDEX_RULE}; got the run-time index "
+                                      f"'{_describe_var(func_ir, index) or _user_name(index.name)}'")
+        return
+    if verdict:
+        raise _sim_refusal(frame, verdict)
+
+
+def _install_accumulator_index_check():
+    """``SimAccumulator.__getitem__`` (numbatma.intrinsics.wgmma) refuses a run-time index as the GPU's typer
+    does (:func:`check_constant_operand`)."""
+    import importlib
+    import sys
+
+    cls = importlib.import_module("numbatma.intrinsics.wgmma").SimAccumulator
+    original = cls.__getitem__
+    if getattr(original, "_numbatma_index_checked", False):
+        return
+
+    def __getitem__(self, i):
+        check_constant_operand(sys._getframe(1), "index", self)
+        return original(self, i)
+
+    __getitem__._numbatma_index_checked = True
+    cls.__getitem__ = __getitem__
 
 
 # -- hook 8: thread-block clusters ---------------------------------------------------------------------
