@@ -37,7 +37,14 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator; 12 is
    barriers pass on what each thread knows complete, and ``BlockThread.run`` so the engine sees each thread
    start and end; ``BlockManager.run`` is replaced by one that sleeps between polls; ``FakeCUDAModule`` gets
    the warp operations it lacks (``syncwarp``, ``shfl_*_sync``) and the libdevice functions kernels use;
-   ``FakeCUDADevice`` reports 2 SMs and Hopper's shared-memory opt-in limit.
+   ``FakeCUDADevice`` reports 2 SMs and Hopper's shared-memory opt-in limit. Parity with the GPU build
+   (:func:`install_simulator_launches`, points listed by :func:`_simulator_jit_points`): the simulator's
+   ``cuda.jit`` (``numba.cuda.simulator.api.jit``, also bound as ``numba.cuda.jit``) takes the GPU's options
+   (:data:`GPU_JIT_OPTIONS`; compile-only ones ignored); ``FakeCUDAKernel.__call__`` runs a host thread's launch
+   whole under one process-wide lock (upstream supports one kernel context per process) and
+   ``FakeCUDAKernel.__getitem__`` configures a copy; ``cuda.shared.array`` shapes and wgmma accumulator
+   indices must be compile-time constants by numba's rule, read from the kernel's IR
+   (:func:`check_constant_operand`).
 8. :func:`install_clusters`. Thread-block clusters (``numbatma/cluster.py``).
    ``numba.cuda.dispatcher.LaunchConfig`` (the ``cuda.core.LaunchConfig`` that ``_Kernel.launch`` builds):
    inside :func:`cluster_launch` (what ``numbatma.with_cluster`` uses) the launch gets ``cluster=(x, y, z)`` and

@@ -612,3 +612,55 @@ def test_simulator_block_accessors():
     assert internals.simulated_block_dim(manager) == (4, 1, 1)
     assert internals.simulated_grid_dim(manager) == (2, 3, 1)
     assert internals.simulated_block(threading.current_thread()) is None  # (not a simulated thread)
+
+
+def test_simulator_jit_and_launch_points():
+    """Hook 7's decorator and launch parts: the simulator's cuda.jit (numba.cuda.simulator.api.jit) is what
+    numba.cuda.jit is under the simulator; numbatma's replacement accepts exactly the GPU cuda.jit's options
+    (its own parameters and the keywords _Kernel takes); FakeCUDAKernel.__getitem__ configures the kernel
+    itself and __call__ pushes the one kernel context a process has (what the launch lock and the configured
+    copy are for)."""
+    from numba.cuda import decorators, dispatcher
+    from numba.cuda.simulator import api, kernel, kernelapi
+
+    for label, (owner, attr) in internals._simulator_jit_points().items():
+        assert getattr(owner, attr, None) is not None, label
+    assert api.jit.__module__ == "numba.cuda.simulator.api"  # (no simulator here: not replaced)
+    gpu = set(inspect.signature(decorators.jit).parameters) - {"func_or_sig", "kws"}
+    gpu |= set(inspect.signature(dispatcher._Kernel.__init__).parameters) - {"self", "py_func", "argtypes"}
+    assert 'kws.get("boundscheck")' in inspect.getsource(decorators.jit)
+    assert internals.GPU_JIT_OPTIONS == gpu | {"boundscheck"}
+    getitem = inspect.getsource(kernel.FakeCUDAKernel.__getitem__)
+    assert "self.grid_dim, self.block_dim = normalize_kernel_dimensions(" in getitem and "return self" in getitem
+    call = inspect.getsource(kernel.FakeCUDAKernel.__call__)
+    assert "with _push_kernel_context(fake_cuda_module):" in call and "if self._device or _kernel_context:" in call
+    assert "concurrent simulated kernel not supported" in inspect.getsource(kernel._push_kernel_context)
+    assert "fn_globs[k] = fake_cuda_module" in inspect.getsource(kernelapi.swapped_cuda_module)
+    assert list(inspect.signature(kernel.FakeCUDAKernel.__init__).parameters) == [
+        "self", "fn", "device", "fastmath", "extensions", "debug"]
+
+
+def test_simulator_constant_rule_points():
+    """check_constant_operand builds a kernel's IR with numba-cuda's frontend (bytecode.FunctionIdentity,
+    interpreter.Interpreter, postproc.PostProcessor) and reads FunctionIR._definitions; the rule's verdicts
+    match what the GPU build decides (tests/test_sim_parity_cpu.py) on these IR node kinds."""
+    from numba.cuda.core import bytecode, interpreter, ir, postproc
+
+    R = 4
+
+    def kernel(out, n):
+        m = R
+        out[0] = (m, n)
+
+    func_id = bytecode.FunctionIdentity.from_function(kernel)
+    func_ir = interpreter.Interpreter(func_id).interpret(bytecode.ByteCode(func_id=func_id))
+    postproc.PostProcessor(func_ir).run(False)
+    assert isinstance(func_ir._definitions["m"][0], ir.FreeVar)
+    assert isinstance(func_ir._definitions["n"][0], ir.Arg)
+    tuples = [e for b in func_ir.blocks.values() for s in b.body if isinstance(s, ir.Assign)
+              for e in [s.value] if isinstance(e, ir.Expr) and e.op == "build_tuple"]
+    assert len(tuples) == 1
+    m, n = tuples[0].items
+    assert internals._is_constant(func_ir, m, False) and not internals._is_constant(func_ir, n, False)
+    assert not internals._is_constant(func_ir, tuples[0].items[1], True)
+    assert ir.Const and ir.Global
