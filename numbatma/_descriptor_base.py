@@ -112,7 +112,10 @@ _FLOAT_TMA_DTYPES = {"FLOAT16", "BFLOAT16", "FLOAT32", "FLOAT64", "TFLOAT32", "F
 # -- driver limits shared by every mode ------------------------------------------------------------------------------
 MAX_RANK = 5
 MAX_ELEMENT_STRIDE = 8
-_MAX_DIM = 1 << 32
+# The driver encodes extents up to 2**32 (cuTensorMapEncode*: globalDim in 1..2**32), but the coordinates of a TMA
+# load or store are signed 32-bit (PTX: tensorCoords .s32), so no box can start at an index from 2**31 on: an axis of
+# more than 2**31 elements cannot be reached whole. numbatma's rule: every extent in 1..2**31.
+_MAX_DIM = 1 << 31
 _MAX_STRIDE = 1 << 40
 
 
@@ -563,14 +566,14 @@ def _cai_facts(cai, array):
     return ptr, shape, strides, dtype, readonly
 
 
-def check_byte_order(dtype, typestr=None):
+def check_byte_order(dtype, typestr=None, who="TensorMap"):
     """Refuse big-endian (non-native) elements: GPUs and TMA move and read little-endian bytes, so a '>f4' array
     would be read as garbage. (``typestr``: the interface's spelling, which tells the byte order of a 2-byte void,
     bfloat16's typestr, that the dtype does not keep.)"""
     spelled = typestr if isinstance(typestr, str) else dtype.str
     if not dtype.isnative or (dtype.itemsize > 1 and spelled[:1] in (">", "!") and _LITTLE):
         raise TensorMapError(
-            f"TensorMap: the array's elements are big-endian ({spelled!r}); GPUs and TMA read little-endian bytes, "
+            f"{who}: the array's elements are big-endian ({spelled!r}); GPUs and TMA read little-endian bytes, "
             f"so numbatma refuses them rather than read garbage. Convert the data to the native byte order first "
             f"(e.g. host.astype(host.dtype.newbyteorder('<')) before the copy to the GPU)."
         )
@@ -737,20 +740,31 @@ def int_tuple(who, name, value, count, what, unit="dimension"):
     return tuple(int(v) for v in value)
 
 
+def flag_option(who, name, value):
+    """A boolean option: ``True`` / ``False`` (or NumPy's ``bool_``) as a bool; anything else (``"no"``, ``1``,
+    ``None``) is a :class:`TensorMapError` naming the option and the value (a truthy string is not True)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TensorMapError(f"{who}: {name} must be True or False, got {value!r} (a {type(value).__name__}).")
+
+
 def coerce_enum(enum_cls, value, what, who="TensorMap"):
-    """``value`` as a member of ``enum_cls``: the member, its name or value (``"128B"``, ``"B128"``, ``128``)."""
+    """``value`` as a member of ``enum_cls``: the member, its name or value (``"128B"``, ``"B128"``, ``128``; an int,
+    not a bool or a float)."""
     if isinstance(value, enum_cls):
         return value
-    if isinstance(value, str):
+    if isinstance(value, (bool, np.bool_, float, np.floating)):
+        pass  # (False == 0 and 128.0 == 128 to Python: not spellings of an option)
+    elif isinstance(value, str):
         key = value.strip().upper()
         aliases = {"NONE": "NONE", "0": "NONE"}
         for member in enum_cls:
             names = {member.name, str(member.value).upper(), f"{member.value}B".upper(), f"B{member.value}"}
             if key in names or aliases.get(key) == member.name:
                 return member
-    else:
+    elif isinstance(value, (int, np.integer)):
         try:
-            return enum_cls(value)
+            return enum_cls(int(value))
         except ValueError:
             pass
     choices = ", ".join(f"{enum_cls.__name__}.{m.name}" for m in enum_cls)
@@ -776,6 +790,8 @@ def validate_layout(who, layout, *, interleave, tf32, element=None):
     dname = _dtype_name(dtype)
     if not 1 <= rank <= MAX_RANK:
         raise TensorMapError(f"{who}: the {layout.name} has rank {rank}; TMA descriptors describe rank 1 to 5.")
+    if not dtype.isnative:
+        check_byte_order(dtype, who=who)
     tma_dtype = _TMA_DTYPE.get(dname)
     if tma_dtype is None and (element is not None or dname in _FP8_DTYPES):
         tma_dtype = "UINT8"  # float8 bytes (the Hopper TMA has no float8 type: it moves bits)
@@ -797,7 +813,9 @@ def validate_layout(who, layout, *, interleave, tf32, element=None):
     for axis, d in enumerate(layout.shape):
         if not 1 <= d <= _MAX_DIM:
             raise TensorMapError(
-                f"{who}: dimension {axis} of the {layout.name} is {d}; TMA needs every dimension in 1..2**32."
+                f"{who}: dimension {axis} of the {layout.name} is {d}; TMA needs every dimension in 1..2**31 "
+                f"(its coordinates are signed 32-bit: elements from index 2**31 on cannot be addressed). "
+                f"Split the array along that axis into parts of at most 2**31 elements."
             )
     if layout.strides[-1] != itemsize:
         raise TensorMapError(
@@ -928,7 +946,7 @@ class TMADescriptor:
         self.oob_fill = coerce_enum(OOBFill, oob_fill, "oob_fill", self._WHO)
         self.l2_promotion = coerce_enum(L2Promotion, l2_promotion, "l2_promotion", self._WHO)
         self.interleave = coerce_enum(Interleave, interleave, "interleave", self._WHO)
-        self.tf32 = bool(tf32)
+        self.tf32 = flag_option(self._WHO, "tf32", tf32)
 
     def _attach(self, layout, array):
         """Describe ``array`` (read as ``layout``); nothing is encoded until a launch or :meth:`to_bytes`."""

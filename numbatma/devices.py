@@ -25,6 +25,7 @@ readers (:func:`register_reader`).
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 import threading
 
@@ -277,8 +278,11 @@ def enter_device(device):
     every context is that device's, and numba makes it current where none is)."""
     if device is None:
         return None
+    if type(device) is not int or device < 0:  # (cuda.gpus[-1] would be the last device: never guessed)
+        _ordinal(device, "device", "enter_device", exists=False)
     if (_DRIVER or driver()) is None or not several_devices() or current_device() == device:
         return None
+    _ordinal(device, "device", "enter_device")
     from numba import cuda
 
     context = cuda.gpus[device].get_primary_context()
@@ -307,12 +311,24 @@ _PEERS = set()  # (device, peer): kernels on device may use peer's memory (enabl
 _PEER_LOCK = threading.Lock()
 
 
-def _ordinal(device, what):
+def _ordinal(device, what, who="enable_peer_access", exists=True):
+    """``device`` (an int, a ``torch.device``, a numba device) as an ordinal; ValueError naming ``what`` and the value
+    for anything else ("0", -1, 1.0, True) and, with ``exists``, for an ordinal this process does not see (checked
+    where a driver answers, and under the simulator: one device)."""
     index = getattr(device, "index", None)  # (a torch.device)
     if index is None:
         index = getattr(device, "id", device)  # (a numba device)
+    if not isinstance(index, bool) and hasattr(type(index), "__index__") and not isinstance(index, int):
+        index = operator.index(index)  # (a NumPy integer)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"enable_peer_access: {what} must be a device ordinal (an int >= 0), got {device!r}")
+        raise ValueError(f"{who}: {what} must be a device ordinal (an int >= 0), got {device!r}")
+    if exists and index and (SIMULATING or driver() is not None):
+        count = device_count()
+        if index >= count:
+            raise ValueError(
+                f"{who}: {what} {device!r} is not a device of this process: it sees {count} device"
+                f"{'s' if count != 1 else ''} (ordinals 0..{count - 1}; CUDA_VISIBLE_DEVICES applies)"
+            )
     return index
 
 
@@ -355,5 +371,8 @@ def enable_peer_access(device, peer):
 
 def peer_access_enabled(device, peer):
     """Whether :func:`enable_peer_access` gave ``device`` access to ``peer``'s memory (always True for
-    ``device == peer``)."""
+    ``device == peer``). ``device`` / ``peer``: ordinals (ValueError naming the value for anything else)."""
+    if type(device) is not int or type(peer) is not int or device < 0 or peer < 0:
+        device = _ordinal(device, "device", "peer_access_enabled", exists=False)
+        peer = _ordinal(peer, "peer", "peer_access_enabled", exists=False)
     return device == peer or (device, peer) in _PEERS

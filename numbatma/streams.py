@@ -3,7 +3,8 @@
 ``as_stream(s)`` accepts what users have at hand:
 
 * ``0`` / ``None``: the legacy default stream (``0``);
-* a numba stream (``cuda.stream()``, ``cuda.default_stream()``, ``cuda.external_stream(h)``): returned as it is;
+* a numba stream (``cuda.stream()``, ``cuda.default_stream()``, ``cuda.external_stream(h)``; under the CUDA simulator
+  its ``cuda.stream()`` / ``cuda.default_stream()``, which a simulated launch ignores): returned as it is;
 * an object speaking the CUDA stream protocol (``__cuda_stream__()`` returning ``(version, handle)``: cuda.core
   streams, recent CuPy and torch streams);
 * a torch stream (``torch.cuda.Stream`` / ``torch.cuda.ExternalStream``: ``.cuda_stream``), a CuPy stream
@@ -34,11 +35,15 @@ def stream_handle(stream):
     if stream is None:
         return 0
     if isinstance(stream, bool):
-        raise TypeError("a stream, not a bool, is expected (0 or None for the default stream)")
+        raise TypeError(f"stream: a stream, not a bool, is expected (0 or None for the default stream), got {stream!r}")
     if isinstance(stream, int):
         if stream < 0:
-            raise TypeError(f"a stream handle is a non-negative integer, got {stream}")
+            raise TypeError(f"stream: a stream handle is a non-negative integer (a CUstream), got {stream}")
         return stream
+    if isinstance(stream, (str, bytes, float, complex)):
+        raise TypeError(f"stream: cannot use {stream!r} (a {type(stream).__name__}) as a CUDA stream: pass a numba, "
+                        f"torch, CuPy or cuda.core stream, an object with __cuda_stream__, a CUstream handle (an int "
+                        f">= 0), or 0 / None for the default stream")
     if _is_numba_stream(stream):
         return None
     protocol = getattr(stream, "__cuda_stream__", None)
@@ -54,13 +59,23 @@ def stream_handle(stream):
         value = getattr(stream, attribute, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    raise TypeError(f"cannot use a {type(stream).__module__}.{type(stream).__name__} as a CUDA stream: pass a numba, "
-                    f"torch, CuPy or cuda.core stream, an object with __cuda_stream__, or a CUstream handle (int)")
+    raise TypeError(f"cannot use a {type(stream).__module__}.{type(stream).__name__} as a CUDA stream (got "
+                    f"{_short_repr(stream)}): pass a numba, torch, CuPy or cuda.core stream, an object with "
+                    f"__cuda_stream__, or a CUstream handle (int)")
+
+
+def _short_repr(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_numba_stream(stream):
     if SIMULATING:
-        return type(stream).__name__ in ("FakeCUDAStream", "Stream")
+        # The simulator's cuda.stream() / cuda.default_stream() (numba.cuda.simulator.api.stream; a simulated
+        # launch ignores it, as numba's own simulated launches do).
+        from numba.cuda.simulator import api
+
+        return isinstance(stream, api.stream) or type(stream).__name__ in ("FakeCUDAStream", "Stream")
     from numba.cuda.cudadrv.driver import Stream
 
     return isinstance(stream, Stream)

@@ -37,6 +37,7 @@ from ._descriptor_base import (  # noqa: F401  (the public names are exported fr
     array_layout,
     bits_dtype,
     byte_span,
+    flag_option,
     host_view,
     int_tuple,
     is_readonly,
@@ -144,11 +145,7 @@ class TensorMap(TMADescriptor):
     ):
         layout = array_layout(array)
         self._take_options(swizzle, oob_fill, l2_promotion, interleave, tf32)
-        if not isinstance(allow_store_overhang, (bool, np.bool_)):
-            raise TensorMapError(
-                f"TensorMap: allow_store_overhang must be True or False, got {allow_store_overhang!r}."
-            )
-        self.allow_store_overhang = bool(allow_store_overhang)
+        self.allow_store_overhang = flag_option("TensorMap", "allow_store_overhang", allow_store_overhang)
         self._attach(layout, array)
         rank = len(layout.shape)
         if not 1 <= rank <= MAX_RANK:
@@ -248,7 +245,7 @@ def _fp8_element(layout, element):
     implied = _FP8_DTYPES.get(_dtype_name(dtype))
     if element is None:
         return implied
-    if element not in FP8_ELEMENTS:
+    if not isinstance(element, str) or element not in FP8_ELEMENTS:
         raise TensorMapError(f"TensorMap: element must be 'e4m3' or 'e5m2' (float8 data for wgmma) or None, got "
                              f"{element!r}.")
     if implied is not None and implied != element:

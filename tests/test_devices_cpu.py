@@ -523,7 +523,10 @@ def test_enable_peer_access_once_per_pair(two_gpus, peers):
     assert numbatma.peer_access_enabled(0, 1)
 
 
-def test_enable_peer_access_refuses_what_cannot_be(two_gpus, peers):
+def test_enable_peer_access_refuses_what_cannot_be(two_gpus, peers, monkeypatch):
+    with pytest.raises(ValueError, match=r"enable_peer_access: peer 2 is not a device of this process: it sees 2 "):
+        numbatma.enable_peer_access(0, 2)  # (two devices: there is no device 2)
+    monkeypatch.setattr(devices, "_COUNT", [3])
     with pytest.raises(RuntimeError, match=r"enable_peer_access\(0, 2\): device 0 cannot access device 2's memory"):
         numbatma.enable_peer_access(0, 2)
     with pytest.raises(ValueError, match="a device ordinal"):
