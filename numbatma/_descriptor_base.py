@@ -638,6 +638,8 @@ def _general_readonly(array):
         except Exception:  # noqa: BLE001 - (the intake says what is wrong with it)
             layout_facts(array)
             raise
+        if not view.is_device_accessible:
+            layout_facts(array)  # (raises the intake's error: host memory is no CUDA array)
         return bool(getattr(view, "readonly", False))
     layout_facts(array)  # (raises the intake's error for what is not an array)
     return False
@@ -721,7 +723,9 @@ def int_tuple(who, name, value, count, what, unit="dimension"):
     """``value`` (an int, or a sequence of ``count`` ints; bools refused) as a tuple of ints. ``what`` says why
     ``count`` entries, e.g. ``"the float32 array with shape (4, 8) has 2 dimensions"`` (or a function that makes
     it: the message is needed only on an error); ``unit`` is what one entry stands for."""
-    if isinstance(value, (bool, np.bool_)):  # (True is an int to Python: box=True is not a box of 1)
+    given = value
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # (True is an int to Python: box=True is not a box of 1;
+        # a string is a sequence of characters, not of extents)
         raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.")
     if isinstance(value, (int, np.integer)):
         value = (int(value),)
@@ -730,7 +734,7 @@ def int_tuple(who, name, value, count, what, unit="dimension"):
     except TypeError:
         raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.") from None
     if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in value):
-        raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {value!r}.")
+        raise TensorMapError(f"{who}: {name} must be a tuple of integers, got {given!r}.")
     if len(value) != count:
         raise TensorMapError(
             f"{who}: {name} {shape_str(value)} has {len(value)} entries but {what() if callable(what) else what}; "
