@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,7 +72,8 @@ from numbatma.intrinsics import (
 
 from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync
-from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid, require_int
+from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
+from ._options import bool_option, choice_option, int_option, scalar_option
 from ._plan import Plan, run
 
 __all__ = ["Attention", "AttentionConfig", "attention"]
@@ -91,6 +91,11 @@ LAYOUTS = ("bhsd", "bshd")
 LOG2E = 1.4426950408889634
 LN2_F32 = np.float32(0.6931471805599453)
 NEG_INF = np.float32(-np.inf)
+POS_INF = np.float32(np.inf)
+LOG2E_F32 = np.float32(LOG2E)
+FLT_MAX = float(np.finfo(np.float32).max)
+FUSED_MAX_SCALE = 1.0  # |scale| up to this: the fused softmax (the default); beyond: "exact" (see softmax_mode)
+SOFTMAX_MODES = ("fused", "exact", "zero")
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
@@ -131,6 +136,36 @@ class AttentionConfig:
         return (BM, self.bn)
 
 
+def softmax_mode(scale):
+    """How the kernel applies ``scale`` (a finite float): ``(mode, negative, kernel scalar)``, the mode and sign
+    compile-time constants of the kernel, the scalar its last argument.
+
+    * "fused" (0 < |scale| <= ``FUSED_MAX_SCALE``; the default scale's mode, FlashAttention's):
+      ``P = exp2(S · c - m)`` with ``c = scale · log2 e`` (float32) and ``m`` the running maximum of ``S · c``, one
+      FMA per element. A negative scale (``negative``) takes the raw row *minimum* (the maximum of ``S · c``) and
+      masks with +inf (``+inf · c = -inf``). Exact to float32 rounding while ``|S · c| < 2^26`` for every logit
+      (the FMA's rounding of ``m`` is a common factor of the row, ``exp2`` of up to ``|m| 2^-24``, which P must
+      hold in float16): with ``|scale| <= 1`` every logit below 4.6e7 in magnitude.
+    * "exact" (|scale| > ``FUSED_MAX_SCALE``): the running raw extremum ``M`` and ``P = exp2((S - M) · scale ·
+      log2 e)``: ``S - M`` never has the scale's sign, so the exponent is <= 0 or -inf (no ``inf - inf``,
+      whatever the scale up to float32's largest); ``lse = M · scale + ln l`` (±inf exactly where the true lse is
+      beyond float32). One subtraction and one multiplication more per element than "fused".
+    * "zero" (scale 0, or so small that ``scale · log2 e`` is 0 in float32: |scale| < 5e-46, where
+      ``|scale · logit| < 2e-7`` for every float32 logit): every unmasked key weighs 1 (logits replaced by 0,
+      masked keys -inf, then "fused" with ``c = 1``): ``o`` the mean of V over them, ``lse = ln(their count)``.
+
+    |scale| beyond float32's largest (3.4e38) is refused: the kernel computes in float32."""
+    if abs(scale) > FLT_MAX:
+        raise TensorMapError(f"Attention: scale must be at most {FLT_MAX:.8g} in magnitude (the kernel's softmax is "
+                             f"float32), got {scale!r}")
+    c = np.float32(scale * LOG2E) if abs(scale) <= FUSED_MAX_SCALE else None
+    if scale == 0 or c == 0:
+        return "zero", False, ONE
+    if c is not None:
+        return "fused", scale < 0, c
+    return "exact", scale < 0, np.float32(scale)
+
+
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
     (O alone takes 128 registers); two Q stages for D = 64, one for D >= 128 (measured on an H100 at S = 1024: two
@@ -143,24 +178,23 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if schedule is None:  # (D = 256 overlapped would hold S, P and O at once: 200+ registers, spills)
         schedule = "overlap" if d <= 128 else "serial"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
-        if value not in choices:
-            raise TensorMapError(f"Attention: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        choice_option("Attention", name, value, choices)
     if bn is None:
         bn = 128 if d <= 128 else 64
     most = 128 if d <= 128 else 64  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
-    bn = require_int("Attention", "bn", bn, 16, most)
+    bn = int_option("Attention", "bn", bn, 16, most)
     if bn % 16:
         raise TensorMapError(f"Attention: bn (keys per block) must be a multiple of 16 in 16..{most} for head dim "
                              f"{d}, got {bn}")
     if q_stages is None:
         q_stages = 2 if d <= 64 else 1
-    q_stages = require_int("Attention", "q_stages", q_stages, 1, 2)
+    q_stages = int_option("Attention", "q_stages", q_stages, 1, 2)
     q_bytes = q_stages * BM * d * 2
     stage_bytes = 2 * bn * d * 2  # K and V
     fit = (SMEM_PER_BLOCK - _STATIC_SMEM - q_bytes) // stage_bytes
     if stages is None:
         stages = min(4 if d < 256 else 2, fit)
-    stages = require_int("Attention", "stages", stages, 1, 64)
+    stages = int_option("Attention", "stages", stages, 1, 64)
     if stages > fit:
         raise TensorMapError(f"Attention: stages={stages} with head dim {d} and bn={bn} needs "
                              f"{q_bytes + stages * stage_bytes} bytes of shared memory (with {q_stages} Q stage"
@@ -173,6 +207,11 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
 @cuda.jit(device=True, inline="always")
 def _max(a, b):
     return max(a, b)
+
+
+@cuda.jit(device=True, inline="always")
+def _min(a, b):
+    return min(a, b)
 
 
 @cuda.jit(device=True, inline="always")
@@ -191,9 +230,36 @@ def _mask(s, half, col, limits):
 
 
 @cuda.jit(device=True, inline="always")
+def _mask_above(s, half, col, limits):
+    """:func:`_mask` with +inf (a negative scale: the row's extremum is its raw minimum, and +inf · scale = -inf)."""
+    kv0, sk, row0, causal = limits
+    key = kv0 + col
+    if key >= sk or (causal and key > row0 + 8 * half):
+        return POS_INF
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def _mask_uniform(s, half, col, limits):
+    """scale 0: every logit 0, and -inf where :func:`_mask` masks (every key weighs exp2(0) = 1 or nothing)."""
+    kv0, sk, row0, causal = limits
+    key = kv0 + col
+    if key >= sk or (causal and key > row0 + 8 * half):
+        return NEG_INF
+    return ZERO
+
+
+@cuda.jit(device=True, inline="always")
 def _exp2_shifted(s, half, col, st):
     """``exp2(s · scale·log2 e - m_row)`` (``st = (scale_log2, m0, m1)``)."""
     return math.exp2(s * st[0] - (st[1] if half == 0 else st[2]))
+
+
+@cuda.jit(device=True, inline="always")
+def _exp2_exact(s, half, col, st):
+    """``exp2((s - M_row) · scale · log2 e)`` with ``M_row`` the row's raw extremum (``st = (scale, M0, M1)``):
+    ``s - M`` has the sign opposite to the scale's, so the exponent is <= 0 or -inf, never inf - inf."""
+    return math.exp2((s - (st[1] if half == 0 else st[2])) * st[0] * LOG2E_F32)
 
 
 @cuda.jit(device=True, inline="always")
@@ -247,8 +313,17 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 
 @kernel_factory
-def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1):
-    """The kernel of one configuration (every argument a compile-time constant of the closure)."""
+def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
+                      softmax_mode="fused", negative=False):
+    """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
+    and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
+    ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
+    exact = softmax_mode == "exact"
+    zero = softmax_mode == "zero"
+    # the row extremum: the max of the raw logits, or their min for a negative scale (max of the scaled ones)
+    extremum, far = (_min, POS_INF) if negative else (_max, NEG_INF)
+    mask = _mask_uniform if zero else (_mask_above if negative else _mask)
+    m_start = far if exact else NEG_INF  # running extremum: raw ("exact") or scaled by scale·log2 e
     pingpong = schedule == "pingpong"
     snake = order == "snake"
     queries_fastest = sweep == "queries"
@@ -294,16 +369,25 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         from the old maxima to the new. ``state = (m_a, m_b, l_a, l_b)`` of the thread's two rows."""
         m_a, m_b, l_a, l_b = state
         kv0 = j * bn
-        if kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
-            s = wgmma_map(s, _mask, (kv0, sk, row0, causal))
-        r_a, r_b = wgmma_row_reduce(s, _max, NEG_INF)
-        n_a = max(m_a, r_a * scale_log2)
-        n_b = max(m_b, r_b * scale_log2)
-        u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
-        u_b = n_b if n_b != NEG_INF else ZERO
-        p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
-        f_a = math.exp2(m_a - u_a)
-        f_b = math.exp2(m_b - u_b)
+        if zero or kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
+            s = wgmma_map(s, mask, (kv0, sk, row0, causal))
+        r_a, r_b = wgmma_row_reduce(s, extremum, far)
+        if exact:  # the raw extremum; P = exp2((S - M) · scale · log2 e)
+            n_a = extremum(m_a, r_a)
+            n_b = extremum(m_b, r_b)
+            u_a = n_a if n_a != far else ZERO  # (a row with no key yet)
+            u_b = n_b if n_b != far else ZERO
+            p = wgmma_map(s, _exp2_exact, (scale_log2, u_a, u_b))
+            f_a = math.exp2((m_a - u_a) * scale_log2 * LOG2E_F32)
+            f_b = math.exp2((m_b - u_b) * scale_log2 * LOG2E_F32)
+        else:  # the extremum scaled: the max of S · scale·log2 e (a negative scale turns the raw min into it)
+            n_a = max(m_a, r_a * scale_log2)
+            n_b = max(m_b, r_b * scale_log2)
+            u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
+            u_b = n_b if n_b != NEG_INF else ZERO
+            p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
+            f_a = math.exp2(m_a - u_a)
+            f_b = math.exp2(m_b - u_b)
         sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
         return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
@@ -366,8 +450,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
                 blocks = _key_blocks(m0, nkb, bn, causal)
                 row0 = m0 + WG_ROWS * w + row_in_wg
-                m_a = NEG_INF  # running maxima (scaled by scale·log2 e) of the thread's two rows
-                m_b = NEG_INF
+                m_a = m_start  # running maxima (scaled by scale·log2 e; "exact": raw extrema) of the thread's rows
+                m_b = m_start
                 l_a = ZERO  # running sums of exp2(...)
                 l_b = ZERO
                 o = wgmma_zeros(d)
@@ -425,10 +509,16 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 # epilogue: normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
                 o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
                 if lane % 4 == 0:
-                    if row0 < sq:
-                        lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
-                    if row0 + 8 < sq:
-                        lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
+                    if exact:  # M · scale + ln l: M · scale is ±inf only where the true lse is beyond float32
+                        if row0 < sq:
+                            lse[b, h, row0] = m_a * scale_log2 + math.log2(l_a) * LN2_F32
+                        if row0 + 8 < sq:
+                            lse[b, h, row0 + 8] = m_b * scale_log2 + math.log2(l_b) * LN2_F32
+                    else:
+                        if row0 < sq:
+                            lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
+                        if row0 + 8 < sq:
+                            lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
                 named_barrier_sync(1 + w, WARPGROUP)  # every wgmma of this warpgroup has read its Q rows
                 for c in range(chunks):
                     wgmma_store(o, q_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
@@ -467,6 +557,9 @@ class Attention(Plan):
     (B, Hq, Sq) float32 array, or None (the plan allocates one: a torch tensor when q is one). ``launch(stream)``
     returns ``(o, lse)``."""
 
+    #: (the plan contract's declaration: attributes a built plan lets you assign; the property checks the value)
+    settable = {"scale": None}
+
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
                  schedule=None, order="snake", sweep="heads", q_stages=None, grid=None):
         op = "Attention"
@@ -502,14 +595,12 @@ class Attention(Plan):
             raise TensorMapError(f"{op}: k and v have no keys (k is {lk.shape}); softmax over nothing is undefined.")
         self.shape = (bq, hq, hk, sq, sk, d)
         self.layout = layout
-        if not isinstance(causal, (bool, np.bool_)):
-            raise TensorMapError(f"{op}: causal must be True or False, got {causal!r}")
-        self.causal = bool(causal)
-        if scale is None:
-            scale = 1.0 / math.sqrt(d)
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-            raise TensorMapError(f"{op}: scale must be a finite real number (default 1 / sqrt(head dim)), got {scale!r}")
-        self.scale = float(scale)
+        self.causal = bool_option(op, "causal", causal)
+        if grid is not None:
+            grid = int_option(op, "grid", grid, 1, (1 << 31) - 1)
+        self.kernel = None
+        self._kernel_config = None  # (the kernel factory's arguments but the softmax mode's: set below)
+        self.scale = 1.0 / math.sqrt(d) if scale is None else scale  # (checked: the property)
         self.dtype = lq.dtype
         self.o = o
         given_lse = lse
@@ -522,7 +613,6 @@ class Attention(Plan):
                                      f"(batch, heads, query rows).")
         self.lse = lse
         self._owns_lse = lse is not given_lse  # (allocated here: a cache hit of attention() makes a new one)
-        self.kernel = None
         if bq * hq * sq == 0:
             return
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
@@ -541,16 +631,37 @@ class Attention(Plan):
         self.v_map = TensorMap(heads_major(v, lv), kv_box, swizzle=Swizzle.B128)
         self.o_map = TensorMap(heads_major(o, lo), q_box, swizzle=Swizzle.B128)
         self.items = bq * hq * ceil_div(sq, BM)
-        if grid is not None:
-            grid = require_int(op, "grid", grid, 1, 1 << 31)
         self._grid = grid
         self.block = 3 * WARPGROUP
         self.flops = 4.0 * bq * hq * sq * sk * d * (0.5 if self.causal else 1.0)
         nkb = ceil_div(sk, cfg.bn)  # key blocks a (batch, head) computes, over all its query blocks:
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
-        self.kernel = _attention_kernel(self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind,
-                                        cfg.schedule, cfg.order, cfg.sweep, cfg.q_stages)
+        self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
+                               cfg.order, cfg.sweep, cfg.q_stages)
+        self._use_kernel()
+
+    def _use_kernel(self):
+        """The kernel of the configuration and the scale's :func:`softmax_mode` (set past Plan.__setattr__'s rule
+        for public names: the kernel follows the scale, which may be assigned; the assignment marks the plan
+        changed)."""
+        self._kernel_mode = self._softmax[:2]
+        self.__dict__["kernel"] = _attention_kernel(*self._kernel_config, *self._kernel_mode)
+
+    @property
+    def scale(self):
+        """The softmax scale (a float). Assigning it after the plan is built is allowed (``plan.scale = 0.5``): a
+        new value of another :func:`softmax_mode` (sign, zero, beyond ``FUSED_MAX_SCALE``) switches the plan to that
+        mode's kernel."""
+        return self._scale
+
+    @scale.setter
+    def scale(self, value):
+        value = scalar_option("Attention", "scale", value, finite=True)
+        mode = softmax_mode(value)
+        self._scale, self._softmax = value, mode
+        if self._kernel_config is not None and mode[:2] != self._kernel_mode:
+            self._use_kernel()
 
     @property
     def grid(self):
@@ -562,8 +673,7 @@ class Attention(Plan):
     @property
     def args(self):
         b, hq, hk, sq, sk, d = self.shape
-        return (self.q_map, self.k_map, self.v_map, self.o_map, self.lse, hq, hq // hk, sq, sk,
-                np.float32(self.scale * LOG2E))
+        return (self.q_map, self.k_map, self.v_map, self.o_map, self.lse, hq, hq // hk, sq, sk, self._softmax[2])
 
     shared_mem = property(lambda self: self.config.smem_bytes)
 

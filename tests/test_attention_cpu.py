@@ -71,7 +71,7 @@ def test_bad_arguments():
         Attention(q, k, v, FakeCudaArray((2, 4, 999, 128), np.float16, ptr=1 << 36), lse)
     with pytest.raises(TensorMapError, match=r"lse is a float32 array with shape \(2, 4, 999\)"):
         Attention(q, k, v, o, FakeCudaArray((2, 4, 999), np.float32, ptr=1 << 40))
-    with pytest.raises(TensorMapError, match="bn must be an integer in 16..64"):
+    with pytest.raises(TensorMapError, match="bn must be an int in 16..64, got 128"):
         Attention(*arrays(d=256), bn=128)
     with pytest.raises(TensorMapError, match="stages=9"):
         Attention(q, k, v, o, lse, stages=9)
@@ -83,8 +83,11 @@ def test_bad_arguments():
         Attention(q, k, v, o, lse, sweep="batch")
     with pytest.raises(TensorMapError, match="causal must be True or False, got 'yes'"):
         Attention(q, k, v, o, lse, causal="yes")
-    for bad in ("0.1", float("nan"), float("inf"), True):
-        with pytest.raises(TensorMapError, match=r"scale must be a finite real number .*got"):
+    for bad in ("0.1", True):
+        with pytest.raises(TensorMapError, match=rf"scale must be a real number .*got {bad!r}"):
+            Attention(q, k, v, o, lse, scale=bad)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(TensorMapError, match=rf"scale must be a finite number, got {bad!r}"):
             Attention(q, k, v, o, lse, scale=bad)
 
 
