@@ -55,6 +55,7 @@ into Numba's simulator. Only imported under the simulator; the GPU path never to
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -212,6 +213,64 @@ def describe_site(site):
     """``'bar' (declared at file:line)`` for the kernel line ``bar = cuda.shared.array(...)``."""
     name = _declared_name(site)
     return (f"'{name}' " if name else "") + f"(declared at {site[0]}:{site[1]})"
+
+
+def declared_site(array):
+    """(file, line) of the ``cuda.shared.array`` call that declared ``array`` or the array it is a view of;
+    None for an array not declared in simulated shared memory."""
+    a = array
+    for _ in range(8):
+        site = getattr(a, "__dict__", {}).get("_numbatma_site")
+        if site is not None:
+            return site
+        a = getattr(a, "base", None)
+        if not isinstance(a, np.ndarray):
+            return None
+    return None
+
+
+def call_argument(site, op, position):
+    """How the kernel line ``site`` spells positional argument ``position`` of its call to ``op`` (by the
+    called name; else of the line's outermost call), or None (source not readable). Read once per site."""
+    return _call_argument(tuple(site), op, position)
+
+
+@functools.lru_cache(maxsize=4096)
+def _call_argument(site, op, position):
+    import ast
+    import linecache
+
+    text = ""
+    for k in range(6):  # (a call may continue on the next lines)
+        text += linecache.getline(site[0], site[1] + k)
+        try:
+            tree = ast.parse(text.strip())
+            break
+        except SyntaxError:
+            continue
+    else:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    named = [c for c in calls if getattr(c.func, "id", getattr(c.func, "attr", None)) == op]
+    call = (named or calls or [None])[0]
+    if call is None or len(call.args) <= position:
+        return None
+    return ast.get_source_segment(text.strip(), call.args[position])
+
+
+def describe_array(array, site, op, position):
+    """An array operand as messages name it: ``'tile' (declared at file:line)``; a view: ``'ring[s]' (a view of
+    'ring', declared at file:line)``; an array not in shared memory: ``'glob'`` - ``site`` is the kernel line
+    of the call to ``op``, the operand its positional argument ``position``."""
+    spelled = call_argument(site, op, position) if site else None
+    declared = declared_site(array)
+    if declared is None:
+        return f"'{spelled}'" if spelled else "the operand"
+    name = _declared_name(declared)
+    where = f"declared at {declared[0]}:{declared[1]}"
+    if spelled is None or spelled == name:
+        return f"'{name or spelled}' ({where})" if (name or spelled) else f"the array {where}"
+    return f"'{spelled}' (a view of '{name}', {where})" if name else f"'{spelled}' ({where})"
 
 
 # -- addresses -------------------------------------------------------------------------------------------------
@@ -683,7 +742,7 @@ def proxy_fence():
             _block_state().unfenced.discard(me)
 
 
-def check_store_source(lo, hi, op):
+def check_store_source(lo, hi, op, name=None):
     """The async proxy (a store ``op``, a wgmma operand) reads shared bytes [lo, hi): the copies that fill
     them must be known complete, and no thread's generic writes to them may be unfenced. Call it under
     ``lock``."""
@@ -697,15 +756,17 @@ def check_store_source(lo, hi, op):
                     f"thread {who(me)}: {op} from a shared tile that {holder} wrote (bytes [{max(r[0], lo) - lo}, "
                     f"{min(r[1], hi) - lo}) of it) without fence_proxy_async_shared_cta afterwards: the TMA unit "
                     f"may read the old bytes. Every writing thread fences, then a block barrier, then the store"
+                    + (f" (the tile: {name})" if name else "")
                 )
 
 
-def add_store_read(lo, hi, site):
+def add_store_read(lo, hi, site, name=None):
     """A store of the calling thread (issued at kernel line ``site``) reads shared bytes [lo, hi) until its
     bulk group is waited for (``commit_store_reads``, ``retire_store_reads``). Call it under ``lock``."""
     state = _block_state()
     me = _thread()
-    state.reads.append(_StoreRead(lo, hi, me, f"{site[0]}:{site[1]}"))
+    text = f"{site[0]}:{site[1]}" + (f" (from {name})" if name else "")
+    state.reads.append(_StoreRead(lo, hi, me, text))
     _track(1)
 
 

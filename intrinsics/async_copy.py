@@ -324,7 +324,8 @@ def sim_cp_async(dst, dst_index, src, src_index, nbytes):
     with s.lock:
         lo, hi = s.bounds(target)
         group = me.__dict__.get("_numbatma_cp_groups", 0)
-        fill = s.add_fill(lo, hi, f"the bytes the cp_async at {site[0]}:{site[1]} copies", [(_groups_key(me), group)])
+        fill = s.add_fill(lo, hi, f"the bytes the cp_async at {site[0]}:{site[1]} copies (into "
+                                  f"{s.describe_array(dst, site, 'cp_async', 0)})", [(_groups_key(me), group)])
         mine = me.__dict__.setdefault("_numbatma_cp_fills", [])
         mine.append(fill)
         if len(mine) > 64:  # only the copies not yet waited for matter to cp_async_mbarrier_arrive

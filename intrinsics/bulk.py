@@ -560,7 +560,11 @@ def _sim_load(dst, dst_index, src, src_index, nbytes, bar, op):
     with s.lock:
         d[:] = src_bytes
         b, phase = mbarrier.sim_complete_tx(bar, n)
-        s.add_fill(d_addr, d_addr + n, f"the bytes the {op} at {site[0]}:{site[1]} copies", [(b, phase)])
+        s.add_fill(d_addr, d_addr + n, f"the bytes the {op} at {site[0]}:{site[1]} copies (into "
+                                       f"{s.describe_array(dst, site, op, 0)})", [(b, phase)])
+
+
+_SOURCE_POSITION = {"bulk_store": 1, "bulk_store_at": 2, "bulk_reduce": 2, "bulk_reduce_at": 3}  # (messages)
 
 
 def _sim_store(dst, dst_index, src, src_index, nbytes, op, reduce_op):
@@ -576,8 +580,9 @@ def _sim_store(dst, dst_index, src, src_index, nbytes, op, reduce_op):
     _, d = _byte_range(op, "the destination", dst, dst_index, n)
     site = s.caller_site()
     with s.lock:
-        s.check_store_source(s_addr, s_addr + n, op)
-        s.add_store_read(s_addr, s_addr + n, site)
+        name = s.describe_array(src, site, op, _SOURCE_POSITION.get(op, 1))
+        s.check_store_source(s_addr, s_addr + n, op, f"{name}; the store at {site[0]}:{site[1]}")
+        s.add_store_read(s_addr, s_addr + n, site, name)
     if reduce_op is None:
         d[:] = src_bytes
         return

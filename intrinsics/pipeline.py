@@ -125,13 +125,14 @@ class SimPipeline:
     def __init__(self, stages, producer_arrivals, consumer_arrivals, site):
         s = sim()
         self.stages = int(stages)
+        self.name = f"pipeline {s.describe_site(site)}"
+        if not 1 <= self.stages <= MAX_STAGES:  # (the GPU typer's check, same words, at the kernel's line)
+            raise s.SimulatedTypingError(f"{site[0]}:{site[1]}: Pipeline: the number of stages must be in "
+                                         f"1..{MAX_STAGES}, got {self.stages}; the {self.name}")
         bars = s.shared_allocation(("Pipeline",) + site, (2 * self.stages,), "uint64")
         self.bars = bars
-        self.name = f"pipeline {s.describe_site(site)}"
         self.state = [0] * _NSLOTS
         self.counts = (int(producer_arrivals), int(consumer_arrivals))
-        if not 1 <= self.stages <= MAX_STAGES:  # (the GPU typer's check, same words)
-            raise s.SimulatedTypingError(f"Pipeline: the number of stages must be in 1..{MAX_STAGES}, got {self.stages}")
         if s.thread_index() == 0:
             for i in range(self.stages):
                 sim_init(self.barrier(i, "full"), producer_arrivals)

@@ -389,27 +389,51 @@ def _numba_array_name(value):
     return f"array({np.dtype(dtype).name}, {ndim}d, {layout})"
 
 
+def _positions(op):
+    """(tile, descriptor, coordinates): where the kernel's call to ``op`` passes them."""
+    if op.startswith("tma_reduce"):
+        return 3, 1, 2
+    if op.startswith("tma_store"):
+        return 2, 0, 1
+    return 0, 1, 2
+
+
+def _operand_names(op, tile, site):
+    """The tile and the descriptor of the kernel's call to ``op`` on line ``site``, as messages name them."""
+    s = sim()
+    t, d, _ = _positions(op)
+    desc = s.call_argument(site, op, d)
+    return s.describe_array(tile, site, op, t), (f"'{desc}'" if desc else "the descriptor")
+
+
 def _check_tile_operands(op, tile, desc, coords, load):
     """``tile`` a shared array of the descriptor's dtype, one integer coordinate per dimension (the typer's
-    rules); for a load the innermost start coordinate a whole number of 16 bytes, and the tile aligned as TMA
-    needs (the hardware's rules: the GPU stops the kernel with an illegal-instruction error)."""
+    rules, in its words, after the kernel's file:line and followed by the operands' names); for a load the
+    innermost start coordinate a whole number of 16 bytes, and the tile aligned as TMA needs (the hardware's
+    rules: the GPU stops the kernel with an illegal-instruction error)."""
     s = sim()
+    site = s.caller_site()
+    at = f"{site[0]}:{site[1]}: {op}"
     if not isinstance(tile, s.SharedArray):
         raise s.SimulatedTypingError(
-            f"{op}: the shared-memory tile must be a shared-memory array (from cuda.shared.array); got "
+            f"{at}: the shared-memory tile must be a shared-memory array (from cuda.shared.array); got "
             f"{_numba_array_name(tile)}, which is not known to live in shared memory (a kernel argument, a local "
-            f"array, or a value mixed from several arrays)")
+            f"array, or a value mixed from several arrays); the tile operand is {_operand_names(op, tile, site)[0]}")
     if tile.dtype != desc.dtype and not _same_bits(tile.dtype, np.dtype(desc.dtype)):
-        raise s.SimulatedTypingError(f"{op}: the shared tile has dtype {tile.dtype} but the descriptor moves "
-                                     f"{np.dtype(desc.dtype).name} elements")
+        raise s.SimulatedTypingError(f"{at}: the shared tile has dtype {tile.dtype} but the descriptor moves "
+                                     f"{np.dtype(desc.dtype).name} elements; the tile is "
+                                     f"{_operand_names(op, tile, site)[0]}")
     if len(coords) != desc.rank:
         raise s.SimulatedTypingError(
-            f"{op}: the descriptor has rank {desc.rank} (box {tuple(desc.box)}) but {len(coords)} coordinates were "
-            f"given; pass one coordinate per dimension, in the array's own index order")
+            f"{at}: the descriptor has rank {desc.rank} (box {tuple(desc.box)}) but {len(coords)} coordinates were "
+            f"given; pass one coordinate per dimension, in the array's own index order; the descriptor is "
+            f"{_operand_names(op, tile, site)[1]}, the coordinates {_coords_text(op, site, coords)}")
     for c in coords:
         if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
             got = np.asarray(c).dtype.name if isinstance(c, (float, np.generic)) else type(c).__name__
-            raise s.SimulatedTypingError(f"{op}: every coordinate must be an integer, got {got}")
+            raise s.SimulatedTypingError(
+                f"{at}: every coordinate must be an integer, got {got}; the coordinates of descriptor "
+                f"{_operand_names(op, tile, site)[1]} are {_coords_text(op, site, coords)}")
     itemsize = np.dtype(desc.dtype).itemsize
     if load and not getattr(desc, "interleave", 0) and (int(coords[-1]) * itemsize) % 16:
         step = 16 // int(np.gcd(16, itemsize))
@@ -431,6 +455,11 @@ def _check_tile_operands(op, tile, desc, coords, load):
             + (f" (it was declared with alignment={declared})" if declared else
                " (declared without alignment=, it may land anywhere)" if site else "")
             + f"; declare the buffer with alignment={align} and keep view offsets multiples of {align} bytes")
+
+
+def _coords_text(op, site, coords):
+    spelled = sim().call_argument(site, op, _positions(op)[2])
+    return f"'{spelled}'" if spelled else str(tuple(coords))
 
 
 def _same_bits(a, b):
@@ -474,8 +503,8 @@ def sim_load(dst, desc, coords, bar):
     with s.lock:
         b, phase = mbarrier.sim_complete_tx(bar, raw.size)
         lo, hi = s.bounds(out)
-        fill_record = s.add_fill(lo, hi, f"the tile the TMA load at {site[0]}:{site[1]} fills (coordinates {coords})",
-                                 [(b, phase)])
+        fill_record = s.add_fill(lo, hi, f"the tile the TMA load at {site[0]}:{site[1]} fills (coordinates {coords}; "
+                                         f"the tile: {s.describe_array(dst, site, 'tma_load', 0)})", [(b, phase)])
         fill_record.swizzle = int(desc.swizzle)
 
 
@@ -506,8 +535,9 @@ def sim_store(desc, coords, src_tile, op="tma_store", combine=None):
     site = s.caller_site()
     with s.lock:
         lo, hi = s.bounds(src_tile)
-        s.check_store_source(lo, hi, op)
-        s.add_store_read(lo, hi, site)
+        name = s.describe_array(src_tile, site, op, _positions(op)[0])
+        s.check_store_source(lo, hi, op, f"{name}; the store at {site[0]}:{site[1]}")
+        s.add_store_read(lo, hi, site, name)
     tile = np.ascontiguousarray(src_tile).reshape(-1).view(np.uint8)
     footprint = int(np.prod(desc.shared_shape)) * desc.dtype.itemsize
     if tile.size != footprint:

@@ -4,6 +4,8 @@ must be reported every time, whatever order the simulated threads run in, and ev
 and give the right answer: each case runs RUNS times.
 
 The kernels are tiny (one block of 32 threads, 4x16 float32 tiles) so the whole file stays fast."""
+import re
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -344,10 +346,15 @@ def _check_twin(kernel, threads, make, verify):
         verify(*args)
 
 
-def _check_bug(kernel, threads, make, exc, pattern):
+def _check_bug(kernel, threads, make, exc, pattern, variable):
+    """Every run raises ``exc`` matching ``pattern``, and the report names the kernel's ``variable`` and a line of
+    this file (the kernel's own: a report a user cannot place is not enough)."""
     for _ in range(RUNS):
-        with pytest.raises(exc, match=pattern):
+        with pytest.raises(exc, match=pattern) as info:
             _run(kernel, threads, make())
+        message = str(info.value)
+        assert re.search(HERE, message), f"the report names no kernel line: {message}"
+        assert f"'{variable}" in message, f"the report does not name {variable!r}: {message}"
 
 
 def numbatma_array(tmap):
@@ -378,9 +385,9 @@ def _store_verify(dst, bug):
 
 
 case("store_never_committed", store_tile, T, _store_make, _store_verify, 1, SimulatedMisuse,
-     rf"thread \(0, 0, 0\) exits with the store issued at .*{HERE} still in flight: it was never committed")
+     rf"thread \(0, 0, 0\) exits with the store issued at .*{HERE} \(from 'tile' \(declared at .*{HERE}\)\) still in flight: it was never committed")
 case("store_never_waited", store_tile, T, _store_make, _store_verify, 2, SimulatedMisuse,
-     rf"exits with the store issued at .*{HERE} still in flight: its bulk group was never waited for")
+     rf"exits with the store issued at .*{HERE} \(from 'tile' \(declared at .*{HERE}\)\) still in flight: its bulk group was never waited for")
 
 
 # 3: bulk store in flight at exit
@@ -393,7 +400,7 @@ def _bulk_verify(dst, bug):
 
 
 case("bulk_store_never_waited", bulk_store_tile, T, _bulk_make, _bulk_verify, 1, SimulatedMisuse,
-     rf"exits with the store issued at .*{HERE} still in flight")
+     rf"exits with the store issued at .*{HERE} \(from 'tile' \(declared at .*{HERE}\)\) still in flight")
 
 
 # 4-5: barrier used before its initialisation reached the thread
@@ -563,10 +570,28 @@ case("pipeline_stage_range", pipeline_stages, T, _stages_make, _stages_verify, 1
      r"Pipeline: the number of stages must be in 1\.\.64, got 0")
 
 
+# The kernel variable each report must name ('bars[i]' for a barrier taken with mbarrier_ref(bars, i); a tile by
+# its array; a descriptor operand by its argument's name; a pipeline by its variable).
+VARIABLES = {
+    "store_never_committed": "tile", "store_never_waited": "tile", "bulk_store_never_waited": "tile",
+    "init_without_fence": "bar", "init_without_block_barrier": "bar", "read_before_wait": "tile",
+    "wrong_parity": "bar", "expect_tx_too_large": "bar", "expect_tx_too_small": "bar",
+    "store_without_proxy_fence": "tile", "rewrite_before_store_read": "tile", "reload_before_store_read": "tile",
+    "reinit_before_inval": "bar", "refill_without_producer_acquire": "pipe", "missing_consumer_release": "pipe",
+    "pipeline_arrival_count": "pipe", "cp_async_refill_without_barrier": "buf", "tile_dtype": "wide",
+    "coordinate_count": "src", "tile_not_shared": "glob", "float_coordinate": "src", "swizzle_alignment": "poor",
+    "pipeline_stage_range": "pipe",
+}
+
+
+def test_every_case_names_a_variable():
+    assert set(VARIABLES) == set(CASES)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_planted_bug_is_reported_every_time(name):
     kernel, threads, make, verify, bug, exc, pattern = CASES[name]
-    _check_bug(kernel, threads, lambda: make(bug), exc, pattern)
+    _check_bug(kernel, threads, lambda: make(bug), exc, pattern, VARIABLES[name])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
