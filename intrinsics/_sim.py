@@ -40,6 +40,15 @@ module imports no family module. The engine API - the only names of this module 
   site)`` (a store reads shared bytes until its bulk group is waited for), ``commit_store_reads(thread, group)``,
   ``retire_store_reads(thread, below)``, ``proxy_fence()`` (``fence.proxy.async``: this thread's generic writes
   are visible to the async proxy);
+* asynchronous operand reads (wgmma): ``add_operand_read(lo, hi, owner, group, array, base, reader)`` (the
+  threads of ``owner``, e.g. a warpgroup, issue a read of shared bytes [lo, hi) that lasts until their group
+  ``group`` is retired; every member calls it before the issue completes), ``retire_operand_reads(owner,
+  below)`` (the calling thread waited for the owner's groups below ``below``). Until a group is retired in the
+  writing thread - or, for a thread outside the owner, until a retiring wait is ordered (happens-before) before
+  the write - a copy into the bytes (``add_fill``) or a generic write of them is ``SimulatedMisuse`` naming the
+  array, the reader's line and the write's; so is a thread that returns with its owner's reads not retired (a
+  ``group_exchange`` that some thread of the group cannot join - the block is smaller, or it returned - is
+  ``SimulatedHang`` at once);
 * arithmetic: ``reduce_elements(kind, old, new)`` (the one element-wise reduction of tile and bulk reduces);
 * exchange: ``warp_exchange(mask, value)``, ``group_exchange(name, size, value)``, the warp shuffles
   ``shfl(mask, value, lane)``, ``shfl_xor``, ``shfl_down``, ``shfl_up`` and ``syncwarp(mask)``.
@@ -107,6 +116,10 @@ class _BlockState:
         self.fills = {}  # 128-byte line -> [_Fill]: shared bytes copies write, until a thread may read them
         self.unfenced = set()  # threads with shared writes not yet followed by fence.proxy.async
         self.reads = []  # _StoreRead: shared bytes a TMA store still reads, until its group is waited for
+        self.operand_reads = []  # _OperandRead: shared bytes an async reader (wgmma) reads until its group retires
+        self.retirements = {}  # (owner, group) -> {thread: epoch of the wait that retired the group in it}
+        self.operand_owners = {}  # owner -> the threads that issue its asynchronous reads
+        self.exited = set()  # flat indices of the threads of the block that have returned
         self.sync_pool = {}  # barrier instance -> knowledge published there (key -> phases known complete)
         self.hang_checked = 0.0  # time of the last hang check
         self.channels = {}  # key -> threading.Condition (see _channel)
@@ -422,6 +435,27 @@ def thread_exit(thread):
     if state is None:
         return
     with lock:
+        me = thread.thread_id
+        state.exited.add(me)
+        for key, entry in state.warps.items():
+            what = entry.get("what")
+            if what is None or not entry["arrived"] or not what[3] * what[2] <= me < what[3] * what[2] + what[2]:
+                continue
+            name, site, size, group = what
+            raise SimulatedHang(
+                f"{name} at {site[0]}:{site[1]}, which all {size} threads {group * size}..{group * size + size - 1} "
+                f"execute together (.sync.aligned): {entry['arrived']} of them wait in it, but thread {who(thread)} "
+                f"returned without executing it - this kernel would hang on the GPU (or compute garbage). Issue it "
+                f"from the whole group of {size} threads (not under `if tid == 0`)"
+            )
+        for r in [r for r in state.operand_reads
+                  if thread not in r.done and thread in state.operand_owners.get(r.owner, ())]:
+            raise SimulatedMisuse(
+                f"thread {who(thread)} returns with {r.reader} still in flight (reading bytes [{r.lo - r.base}, "
+                f"{r.hi - r.base}) of {r.array}): no wait retired its group (wgmma_commit_group after it, then "
+                f"wgmma_wait_group). The block's shared memory is released when it exits while the tensor cores may "
+                f"still read it"
+            )
         for r in state.reads:
             if r.thread is thread:
                 how = ("it was never committed (no bulk_commit_group after it)" if r.group is None else
@@ -534,6 +568,9 @@ class SharedArray(np.ndarray):
                         f"must bulk_commit_group and bulk_wait_group_read (then a block barrier) before the "
                         f"tile is written again"
                     )
+            if _block_state().operand_reads:
+                with lock:
+                    _check_operand_reads(_block_state(), lo, hi, None)
 
 
 _MAX_RANGES = 8
@@ -705,6 +742,8 @@ def add_fill(lo, hi, what, completions):
                 f"{what} overwrites shared bytes that the TMA store issued at {r.site} by thread {who(r.thread)} "
                 f"may still be reading: wait for it with bulk_wait_group_read (and a block barrier) first"
             )
+    if state.operand_reads:
+        _check_operand_reads(state, lo, hi, what)
     new = _Fill(lo, hi, what, completions)
     _track(1)
     for line in range(lo >> _LINE, ((hi - 1) >> _LINE) + 1):
@@ -787,6 +826,94 @@ def retire_store_reads(thread, below):
         state.reads = kept
 
 
+class _OperandRead:
+    """Shared bytes [lo, hi) that an asynchronous reader of thread group ``owner`` (a wgmma's shared operand)
+    reads from its issue until group ``group`` of that owner is retired; ``done`` (shared by the records of one
+    group) maps each thread that retired the group to the epoch of its retiring wait."""
+
+    def __init__(self, lo, hi, owner, group, array, base, reader, done):
+        self.lo, self.hi, self.owner, self.group = lo, hi, owner, group
+        self.array, self.base, self.reader, self.done = array, base, reader, done
+
+
+def add_operand_read(lo, hi, owner, group, array, base, reader):
+    """An asynchronous read issued together by the threads of group ``owner`` (e.g. a warpgroup: every member
+    calls this, before the issue completes) reads shared bytes [lo, hi) of ``array`` (its name for messages;
+    ``base``: its address, so messages give offsets into it) until the owner's group number ``group`` is retired
+    (``retire_operand_reads``). ``reader`` says what reads, for messages ("the B operand of the wgmma issued at
+    f:12"). Until then any write of the bytes - a copy (``add_fill``) or a generic write - is misuse; after it,
+    a write by another thread must be ordered (happens-before) after a retiring wait. An older read of the same
+    owner whose bytes the new one covers is dropped (its group retires no later)."""
+    state = _block_state()
+    me = _thread()
+    with lock:
+        state.operand_owners.setdefault(owner, set()).add(me)
+        reads = state.operand_reads
+        for r in reads:
+            if r.owner == owner and r.group == group and r.lo == lo and r.hi == hi:
+                return  # (another member recorded it)
+        kept = [r for r in reads if not (r.owner == owner and r.group < group and lo <= r.lo and r.hi <= hi)]
+        _track(len(kept) - len(reads) + 1)
+        done = state.retirements.setdefault((owner, group), {})
+        kept.append(_OperandRead(lo, hi, owner, group, array, base, reader, done))
+        state.operand_reads = kept
+
+
+def retire_operand_reads(owner, below):
+    """The calling thread waited for ``owner``'s groups numbered below ``below`` (e.g. ``wgmma.wait_group``):
+    their reads are done as far as this thread (and whoever it releases to afterwards) is concerned."""
+    me = _thread()
+    retired = me.__dict__.get("_numbatma_retired")
+    if retired is None:
+        retired = me._numbatma_retired = {}
+    start = retired.get(owner, 0)
+    if below <= start:
+        return
+    retired[owner] = below
+    epoch = knowledge(me).get(("clock", me), 0) + 1
+    with lock:
+        retirements = _block_state().retirements
+        for g in range(start, below):
+            done = retirements.get((owner, g))
+            if done is not None:
+                done[me] = epoch
+
+
+def _check_operand_reads(state, lo, hi, writer):
+    """A write of shared bytes [lo, hi) (``writer`` says which, for messages) must not land on bytes an
+    asynchronous reader still reads: its group retired in this thread (a member of the owner), or, for another
+    thread, a retiring wait ordered (happens-before) before this point. Call it under ``lock``."""
+    me = None
+    for r in state.operand_reads:
+        if not (r.lo < hi and lo < r.hi):
+            continue
+        if me is None:
+            me = _thread()
+            seen = knowledge(me)
+        done = r.done
+        if me in done:
+            continue
+        member = me in state.operand_owners.get(r.owner, ())
+        if not member and any(seen.get(("clock", t), 0) >= e for t, e in done.items()):
+            continue
+        if writer is None:  # a generic write: the kernel line
+            site = caller_site()
+            writer = f"the st.shared at {site[0]}:{site[1]}"
+        where = f"bytes [{max(lo, r.lo) - r.base}, {min(hi, r.hi) - r.base}) of {r.array}"
+        if member or not done:
+            why = ((f"this thread has not executed the wait that retires it (wgmma_wait_group covering that "
+                    f"wgmma's commit group)" if member else
+                    f"no thread of the issuing warpgroup has executed the wait that retires it yet")
+                   + ": the tensor cores may still be reading the old bytes. Wait for the group (wgmma_wait_group) "
+                     "before the bytes are written again")
+        else:
+            t, e = next(iter(done.items()))
+            why = (f"thread {who(t)} retired it (wgmma_wait_group), but no synchronisation orders that wait before "
+                   f"this write - e.g. the stage was released (mbarrier_arrive / consumer_release) before the "
+                   f"wgmma_wait_group that retires the wgmma reading it. Release a stage only after that wait")
+        raise SimulatedMisuse(f"thread {who(me)}: {writer} writes {where} while {r.reader} may still read them: {why}")
+
+
 # -- element-wise reductions (tile reduces in tma.py, bulk reduces in bulk.py) -----------------------------------
 def reduce_elements(kind, old, new):
     """``old <kind> new`` element-wise with PTX semantics (NumPy arrays of the element dtype): add (integers
@@ -866,7 +993,19 @@ def group_exchange(name, size, value):
     key = ("group", size, group)
     site = caller_site()
     with lock:
+        threads = block_size()
+        gone = sorted(i for i in state.exited if group * size <= i < group * size + size)
+        if group * size + size > threads or gone:
+            raise SimulatedHang(
+                f"{name} at {site[0]}:{site[1]}, which all {size} threads {group * size}..{group * size + size - 1} "
+                f"execute together (.sync.aligned): thread {who(_thread())} executes it, but "
+                + (f"the block has only {threads} threads" if gone == [] else
+                   f"{len(gone)} of them already returned (thread index {gone[0]}{', ...' if len(gone) > 1 else ''})")
+                + f" - this kernel would hang on the GPU (or compute garbage). Issue it from the whole group of "
+                  f"{size} threads (not under `if tid == 0`)"
+            )
         entry = state.warps.setdefault(key, {"generation": 0, "values": [None] * size, "arrived": 0, "result": None})
+        entry["what"] = (name, site, size, group)
         generation = entry["generation"]
         entry["values"][rank] = value
         entry["arrived"] += 1

@@ -429,12 +429,35 @@ def sim_arrive(bar, count=1, tx=0):
             )
         if getattr(ref, "pipeline", None) is not None:
             _check_pipeline_arrival(ref, b)
+        _check_arrival_known(b)
         b.pending -= int(count)
         b.arrivals_done += int(count)
         s.merge(b.carried, s.release(s.current_thread()))
         b._maybe_complete()
         s.notify(("mbarrier", ref.address))
         return np.uint64(token)
+
+
+def _check_arrival_known(b):
+    """An arrival counts towards the barrier's current phase p; for p >= 1 the arriving thread must know phase p - 1
+    complete (it waited for it, or synchronised after a thread that did). In a correct kernel every thread arrives
+    once per phase and learns of the phase's completion before its next arrival (a wait on this barrier, or on the
+    barrier of the stage its next round consumes). An arrival that finds a later phase it never saw means earlier
+    phases completed without it: more threads arrive per phase than the count given to mbarrier_init - reported
+    at the first extra arrival, whatever order the threads run in."""
+    s = sim()
+    me = s.current_thread()
+    if b.phase == 0 or s.knowledge(me).get(b, 0) >= b.phase:
+        return
+    seen = s.knowledge(me).get(b, 0)
+    raise s.SimulatedMisuse(
+        f"mbarrier_arrive: thread {s.who(me)} arrives on {b.name} in its phase {b.phase}, but it has seen only "
+        f"{seen} of its {b.phase} completed phase(s) (phase {b.phase - 1} completed without this thread waiting for "
+        f"it or synchronising after a thread that did): more threads arrive per phase than the arrival count "
+        f"{b.count} given to mbarrier_init at {b.init_site[0]}:{b.init_site[1]}? On the GPU the extra arrivals "
+        f"complete phases early and the waits on them return before the data is there. The count must equal the "
+        f"number of arrivals per phase"
+    )
 
 
 def sim_expect_tx(bar, nbytes):

@@ -1285,12 +1285,14 @@ def _sim_scale(acc, alpha):
 
 
 class SimFragment(tuple):
-    """Register A fragment under the simulator (four np.uint32) made by :func:`wgmma_a_fragments`: ``kind`` (what
-    its halves hold), ``epoch`` (the thread's wgmma_fence count when it was written) and ``site``."""
+    """Register A fragment under the simulator (four np.uint32) made by :func:`wgmma_a_fragments` (or four integers
+    of the kernel's own passed through :func:`wgmma_fence`): ``kind`` (what its halves hold; None: not known),
+    ``epoch`` (the thread's wgmma_fence count when it was written), ``site`` and ``fenced`` (it went through a
+    wgmma_fence since it was written: only then may a wgmma read it)."""
 
-    def __new__(cls, values, kind, epoch, site):
+    def __new__(cls, values, kind, epoch, site, fenced=False):
         out = super().__new__(cls, values)
-        out.kind, out.epoch, out.site = kind, epoch, site
+        out.kind, out.epoch, out.site, out.fenced = kind, epoch, site, fenced
         return out
 
 
@@ -1306,11 +1308,19 @@ def _sim_fence(acc):
 
 
 def _fenced(acc):
+    """What ``wgmma_fence`` returns for its operand: accumulators and register A fragments marked fenced (a wgmma may
+    read them); a tuple of four integers (the kernel's own register A fragment) becomes a fenced SimFragment."""
     if isinstance(acc, SimAccumulator):
         return acc.copy(fenced=True)
-    if isinstance(acc, tuple) and not isinstance(acc, SimFragment):
+    if isinstance(acc, SimFragment):
+        return SimFragment(tuple(acc), acc.kind, acc.epoch, acc.site, fenced=True)
+    if isinstance(acc, tuple):
+        if len(acc) == 4 and all(isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_))
+                                 for a in acc):
+            me, _ = _sim_me()
+            return SimFragment(acc, None, _fences(me), sim().caller_site(), fenced=True)
         return tuple(_fenced(a) for a in acc)
-    return acc  # register A fragments (the fence count says they were fenced), plain values
+    return acc  # plain values
 
 
 def _sim_desc(tile, tmap, major, mn, k):
@@ -1392,7 +1402,7 @@ def _element_values(raw, kind):
         .astype(np.float64)
 
 
-def _operand_matrix(operand, rows):
+def _operand_matrix(operand, rows, site):
     """The operand as a (rows x K-step) matrix of float64 values: ``rows`` along M/N from ``operand.mn``, one
     instruction's K from ``operand.k``. The async proxy reads the tile: TMA fills must be complete and ordinary
     writes fenced (the same checks as a TMA store's source)."""
@@ -1401,7 +1411,7 @@ def _operand_matrix(operand, rows):
     tile = np.asarray(operand.tile)
     lo, hi = s.bounds(tile)
     with s.lock:
-        s.check_store_source(lo, hi, "wgmma")
+        s.check_store_source(lo, hi, "wgmma", f"{_allocation(operand.tile)[0]}; the wgmma at {site[0]}:{site[1]}")
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[lay.itemsize]
     raw = np.ascontiguousarray(tile).view(np.uint8).reshape(lay.groups, lay.rows, lay.pitch)
     if lay.swizzle:  # undo the swizzle: 16-byte chunk j of row r sits at j ^ (((r * pitch) >> 7) & mask)
@@ -1452,6 +1462,12 @@ def _sim_mma(acc, a, b, scale_d):
     me, t = _sim_me()
     site = s.caller_site()
     register_a = _is_fragment_value(a)
+    # The async proxy reads the shared operands from the issue until the wait that retires the group: recorded by
+    # every thread before the issue completes, so no thread can write them unseen (checked by the engine)
+    group = me.__dict__.get("_numbatma_wgmma_commits", 0)
+    for which, operand, rows in (("A", a, 64), ("B", b, getattr(acc, "n", 0))):
+        if isinstance(operand, SimOperand):
+            _record_operand_read(operand, rows, which, group, site)
     # .sync.aligned: the warpgroup issues it together (and register A is the warpgroup's 128 fragments)
     contributions = s.group_exchange("wgmma", 128, tuple(a) if register_a else None)
     if not isinstance(acc, SimAccumulator):
@@ -1472,16 +1488,18 @@ def _sim_mma(acc, a, b, scale_d):
             raise s.SimulatedMisuse("wgmma: A from registers with a float8 B: four uint32 registers do not say "
                                     "whether A is e4m3 or e5m2, so numbatma reads float8 A from shared memory only "
                                     "(wgmma_desc)")
-        if isinstance(a, SimFragment):
-            if a.kind != bkind:
-                raise s.SimulatedMisuse(
-                    f"wgmma at {site[0]}:{site[1]}: the A fragments hold {a.kind} values (wgmma_a_fragments at "
-                    f"{a.site[0]}:{a.site[1]}) but B is {bkind}: the registers would be read as {bkind}")
-            if _fences(me) <= a.epoch:
-                raise s.SimulatedMisuse(
-                    f"wgmma at {site[0]}:{site[1]} reads A fragments written at {a.site[0]}:{a.site[1]} with no "
-                    f"wgmma_fence after them: on the GPU the tensor cores may read the registers before the "
-                    f"conversion lands. Call wgmma_fence (e.g. acc, frags = wgmma_fence((acc, frags))) in between")
+        if not isinstance(a, SimFragment) or not a.fenced:
+            written = (f"A fragments written at {a.site[0]}:{a.site[1]}" if isinstance(a, SimFragment) else
+                       "A fragments (registers of the kernel's own)")
+            raise s.SimulatedMisuse(
+                f"wgmma at {site[0]}:{site[1]} reads {written} with no wgmma_fence after them (or one that was not "
+                f"given them: they must pass through wgmma_fence since they were written): on the GPU the tensor cores "
+                f"may read the registers before the conversion lands. Pass them through the fence, e.g. acc, frags = "
+                f"wgmma_fence((acc, frags)), before the wgmma")
+        if a.kind is not None and a.kind != bkind:
+            raise s.SimulatedMisuse(
+                f"wgmma at {site[0]}:{site[1]}: the A fragments hold {a.kind} values (wgmma_a_fragments at "
+                f"{a.site[0]}:{a.site[1]}) but B is {bkind}: the registers would be read as {bkind}")
         akind = bkind
         a_matrix = _register_a_matrix(contributions, akind)
     else:
@@ -1491,14 +1509,14 @@ def _sim_mma(acc, a, b, scale_d):
         akind = a.layout.kind
         if a.layout.mn_extent - a.mn < 64:
             raise s.SimulatedMisuse(f"wgmma: the operands are smaller than m64n{acc.n}")
-        a_matrix = _operand_matrix(a, 64)
+        a_matrix = _operand_matrix(a, 64, site)
     if (akind in FP8) != (bkind in FP8) or (akind not in FP8 and akind != bkind):
         raise s.SimulatedMisuse(f"wgmma: A is {akind} but B is {bkind}")
     if acc.dtype == "f16" and akind not in ("f16",) + FP8:
         raise s.SimulatedMisuse(f"wgmma: float16 accumulators take f16 or float8 operands, not {akind}")
     if b.layout.mn_extent - b.mn < acc.n:
         raise s.SimulatedMisuse(f"wgmma: the operands are smaller than m64n{acc.n}")
-    product = a_matrix @ _operand_matrix(b, acc.n).T  # (64, N), float64
+    product = a_matrix @ _operand_matrix(b, acc.n, site).T  # (64, N), float64
     count, _ = accumulator_registers(acc.n, acc.dtype)
     i = np.arange(count)
     if acc.dtype == "f32":
@@ -1515,8 +1533,47 @@ def _sim_mma(acc, a, b, scale_d):
         with np.errstate(over="ignore"):
             values = lo.astype(np.float16).view(np.uint16).astype(np.uint32) | \
                 (hi.astype(np.float16).view(np.uint16).astype(np.uint32) << 16)
-    group = me.__dict__.get("_numbatma_wgmma_commits", 0)
     return acc.copy(values=np.asarray(values, acc.values.dtype), fenced=True, group=group, site=site)
+
+
+def _allocation(tile):
+    """(name for messages, address) of the kernel's shared array a tile is (a view of)."""
+    s = sim()
+    a = tile
+    for _ in range(16):
+        site = getattr(a, "__dict__", {}).get("_numbatma_site")
+        if site is not None:
+            return s.describe_site(site), int(a.__array_interface__["data"][0])
+        a = getattr(a, "base", None)
+        if not isinstance(a, np.ndarray):
+            break
+    return "a shared tile", int(np.asarray(tile).__array_interface__["data"][0])
+
+
+def _record_operand_read(operand, rows, which, group, site):
+    """Record the shared bytes a wgmma operand reads (``rows`` along M/N from ``operand.mn``, its k-step from
+    ``operand.k``) with the engine until the warpgroup's commit group ``group`` is retired (``_sim_wait``). Rows of
+    a group are whole 16-byte-chunk rows (the swizzle permutes chunks inside a row), so the ranges are exact up to
+    the unread k-steps of a K-major row."""
+    s = sim()
+    lay = operand.layout
+    tile = np.asarray(operand.tile)
+    start = int(tile.__array_interface__["data"][0])
+    name, base = _allocation(operand.tile)
+    reader = f"the {which} operand of the wgmma issued at {site[0]}:{site[1]}"
+    owner = ("wgmma", s.thread_index() // 128)
+    if lay.major == "K":  # rows: M/N; the group holds the k-step
+        g = min(operand.k // lay.width, lay.groups - 1)
+        r0, r1 = min(operand.mn, lay.rows), min(operand.mn + rows, lay.rows)
+        spans = [(g * lay.rows + r0, g * lay.rows + r1)]
+    else:  # rows: K; the groups lie side by side along M/N
+        kstep = KINDS[lay.kind][0]
+        r0, r1 = min(operand.k, lay.rows), min(operand.k + kstep, lay.rows)
+        g0, g1 = operand.mn // lay.width, min((operand.mn + max(rows, 1) - 1) // lay.width, lay.groups - 1)
+        spans = [(g * lay.rows + r0, g * lay.rows + r1) for g in range(g0, g1 + 1)]
+    for lo, hi in spans:
+        if hi > lo:
+            s.add_operand_read(start + lo * lay.pitch, start + hi * lay.pitch, owner, group, name, base, reader)
 
 
 def _sim_mma_range(acc, a, b, scale_d):
@@ -1549,6 +1606,8 @@ def _sim_wait(n, acc):
     sim().group_exchange("wgmma_wait_group", 128, None)  # (the warpgroup's reads of the group are done)
     me, _ = _sim_me()
     done = me.__dict__.get("_numbatma_wgmma_commits", 0) - int(n)  # groups 0 .. done-1 are complete
+    if done > 0:  # their shared operands are read no more (as far as this thread and whom it releases to know)
+        sim().retire_operand_reads(("wgmma", sim().thread_index() // 128), done)
     return _completed(acc, done)
 
 
