@@ -3,7 +3,7 @@ scalar argument may be, and of the message that refuses a bad one.
 
 Every check takes ``op`` (the plan's name, first word of the message), ``name`` (the option as the user spells it)
 and ``value``, and returns the value in its canonical type (``int``, ``bool``, ``float``) or raises. The message's
-first line names the option, the rule and the user's own value: ``"Gemm: group_m must be an int >= 1, got -1"``.
+first line names the option, the rule and the user's own value: ``"Gemm: group_m must be an integer >= 1, got -1"``.
 
 Errors: a value of the wrong *type* raises :class:`OptionTypeError` (both a :class:`numbatma.TensorMapError`, i.e. a
 ValueError, and a TypeError, so either ``except`` catches it); a value of the right type out of range raises
@@ -38,17 +38,23 @@ class OptionTypeError(TensorMapError, TypeError):
 
 
 def describe_range(lo=None, hi=None, choices=None):
-    """The rule's words for an int in ``lo..hi`` (or one of ``choices``): ``"an int >= 1"``, ``"an int in 1..32"``,
-    ``"one of 64, 128, 256"``."""
+    """The rule's words for an int in ``lo..hi`` (or one of ``choices``): ``"an integer >= 1"``, ``"an integer in 1..32"``,
+    ``"64, 128 or 256"``."""
     if choices is not None:
-        return "one of " + ", ".join(repr(c) for c in choices)
+        return _either(choices)
     if lo is not None and hi is not None:
-        return f"an int in {lo}..{hi}"
+        return f"an integer in {lo}..{hi}"
     if lo is not None:
-        return f"an int >= {lo}"
+        return f"an integer >= {lo}"
     if hi is not None:
-        return f"an int <= {hi}"
-    return "an int"
+        return f"an integer <= {hi}"
+    return "an integer"
+
+
+def _either(choices):
+    """``"64, 128, 192 or 256"``, ``"'kn' or 'nk'"``."""
+    words = [repr(c) for c in choices]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _is_int(value):
@@ -108,7 +114,7 @@ def choice_option(op, name, value, choices):
     except Exception:  # (an array compared with a string...)
         ok = False
     if not ok:
-        raise TensorMapError(f"{op}: {name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+        raise TensorMapError(f"{op}: {name} must be {_either(choices)}, got {value!r}")
     return value
 
 

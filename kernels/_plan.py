@@ -499,7 +499,7 @@ def _check_overlap(op, named, written, may_alias, note=""):
                 continue
             allowed = ", ".join(f"{a} is {b}" for a, b in may_alias) or "none"
             (lw, hw), (lr, hr) = byte_extent(fw), byte_extent(fr)
-            what = "is the same memory as" if exact else "overlaps"
+            what = "overlaps exactly (same address and layout)" if exact else "overlaps"
             why = f" ({note})" if note else ""
             raise TensorMapError(
                 f"{op}: {w} {what} {r} ({w}: bytes [0x{lw:x}, 0x{hw:x}), {r}: [0x{lr:x}, 0x{hr:x})); an array a "

@@ -461,8 +461,8 @@ class Gemm(Plan):
         op = "Gemm"
         alpha, beta = scalar_option(op, "alpha", alpha), scalar_option(op, "beta", beta)
         b_layout = choice_option(op, "b_layout", b_layout, ("kn", "nk"))
-        bn = int_option(op, "bn (the tile width)", bn, choices=(64, 128, 192, 256), none_ok=True)
-        stages = int_option(op, "stages", stages, 1, 64, none_ok=True)
+        bn = int_option(op, "bn", bn, choices=(64, 128, 192, 256), none_ok=True)
+        stages = int_option(op, "stages", stages, none_ok=True)  # (the range: default_config, from what fits)
         warp_specialized = bool_option(op, "warp_specialized", warp_specialized)
         group_m = int_option(op, "group_m", group_m, 1, 1 << 16)
         cluster_m = int_option(op, "cluster_m", cluster_m, choices=(1, 2), none_ok=True)

@@ -479,6 +479,7 @@ def test_a_launch_looks_at_args_only_after_an_assignment(launches):
     class Scaled(Plan):
         kernel = object()
         grid, block = 1, 32
+        settable = {"a": None, "kernel": None}  # (what a built Scaled lets its user assign)
 
         def __init__(self, x):
             self.x, self.a = x, 2.0
@@ -511,7 +512,7 @@ def test_a_plan_changed_behind_its_map_is_refused_and_rebuilt(launches):
     plan.out.tail = numbatma.DeviceView(array_layout(fa((1, 1), ptr=1 << 40)), x1)  # (a helper changed in place)
     assert stream_copy(x1, y1) is y1
     assert plan_cache_info()["rebind_failed"] == 1 and _plans()[0] is not plan and _plans()[0].dst is y1
-    plan.some_setting = 1  # (assigning a plan attribute forgets the map: walked again next time)
+    plan._some_setting = 1  # (assigning a plan attribute forgets the map: walked again next time)
     assert plan._rebind_map is None and plan._stale
 
 

@@ -19,7 +19,7 @@ from fakes import FakeCudaArray
 
 def plan(shape, dtype, dst_shape=None, dst_dtype=None, **options):
     src = FakeCudaArray(shape, dtype)
-    dst = FakeCudaArray(dst_shape if dst_shape is not None else shape[::-1], dst_dtype or dtype)
+    dst = FakeCudaArray(dst_shape if dst_shape is not None else shape[::-1], dst_dtype or dtype, ptr=1 << 32)
     return Transpose(src, dst, **options)
 
 
@@ -215,7 +215,7 @@ def test_rows_must_start_on_16_byte_boundaries(shape, bad):
 def test_padded_rows_are_fine():
     # a (33, 65) float32 view of a (33, 68) allocation, transposed into a (65, 33) view of (65, 36)
     src = FakeCudaArray((33, 65), "float32", strides=(68 * 4, 4))
-    dst = FakeCudaArray((65, 33), "float32", strides=(36 * 4, 4))
+    dst = FakeCudaArray((65, 33), "float32", strides=(36 * 4, 4), ptr=1 << 32)
     p = Transpose(src, dst)
     assert p.ntiles == 1 * 2 and p.src_map.strides == (272, 4) and p.dst_map.strides == (144, 4)
 
