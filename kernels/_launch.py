@@ -28,6 +28,18 @@ def sm_count(device_id=None):
             from numba import cuda
 
             device_id = cuda.get_current_device().id
+    return _sm_count_checked(device_id)
+
+
+def _sm_count_checked(device_id):
+    """:func:`_sm_count` of a device id that is an int >= 0 (else a ValueError saying the id is invalid)."""
+    if type(device_id) is not int:
+        from ._options import int_option
+
+        device_id = int_option("sm_count", "device_id", device_id, 0)
+    if device_id < 0:
+        raise ValueError(f"sm_count: device_id must be a CUDA device ordinal (an integer >= 0), got {device_id}: "
+                         f"an invalid device id")
     return _sm_count(device_id)
 
 

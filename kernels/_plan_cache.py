@@ -50,9 +50,9 @@ def plan_cache_size(n=None):
     (0 turns caching off; the least recently used plans beyond ``n`` are dropped). Returns the bound in force."""
     global _cache_max
     if n is not None:
-        n = int(n)
-        if n < 0:
-            raise ValueError(f"plan_cache_size: n must be >= 0, got {n}")
+        from ._options import int_option
+
+        n = int_option("plan_cache_size", "n", n, 0)
         with _cache_lock:
             _cache_max = n
             _generation[0] += 1  # (a plan in use by a call now in flight is not put back: it may be one too many)
