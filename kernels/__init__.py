@@ -1,6 +1,7 @@
 """numbatma.kernels: ready-made TMA and tensor-core kernels built only on numbatma's public API."""
 from ._launch import persistent_grid, sm_count
 from ._plan import NotRebindable, Plan, clear_plan_cache, plan_cache_info, plan_cache_size
+from ._plan_cache import cached_plans
 from .attention import Attention, AttentionConfig, attention
 from .copy import TmaCopy, default_box, tma_copy
 from .gemm import Gemm, GemmConfig, gemm
@@ -10,7 +11,7 @@ from .stream import Axpy, StreamCopy, axpy, stream_copy
 from .transpose import Transpose, transpose
 
 __all__ = [
-    "Plan", "NotRebindable", "clear_plan_cache", "plan_cache_info", "plan_cache_size", "persistent_grid", "sm_count",
+    "Plan", "NotRebindable", "clear_plan_cache", "plan_cache_info", "plan_cache_size", "cached_plans", "persistent_grid", "sm_count",
     "Attention", "AttentionConfig", "attention",
     "TmaCopy", "default_box", "tma_copy",
     "Gemm", "GemmConfig", "gemm",

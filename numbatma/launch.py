@@ -23,7 +23,7 @@ from ._env import SIMULATING
 from ._scalars import same_scalar, scalar_key
 from .views import launch_argument
 
-__all__ = ["dependent_launch", "prepare_launch", "same_scalar", "scalar_key"]
+__all__ = ["dependent_launch", "launch_facts", "prepare_launch", "same_scalar", "scalar_key"]
 
 
 def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, scoped=True):
@@ -75,6 +75,23 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
             kernel[grid, block, stream, shared_mem](*args)
 
     return run
+
+
+def launch_facts(run):
+    """What a prepared launch (what :func:`prepare_launch` returns, or a plan's ``prepared_launch``) does, for tests and
+    debugging: a dict with ``"device"`` (the CUDA ordinal it was prepared on and always launches on; None where
+    unknown: offline, or a launch that goes through numba each time), ``"switches_context"`` (True where each run
+    compares the current context with its own and pushes its own for the launch: a process that sees several
+    devices), ``"dynamic_smem"`` (``{device: bytes}``: the dynamic shared memory limit raised for the kernel on each
+    device so far; empty where none was raised) and ``"prepared"`` (False for a launch that goes through numba each
+    time: the simulator, debug builds, host arrays)."""
+    if SIMULATING or not hasattr(run, "slots"):
+        return {"device": None, "switches_context": False, "dynamic_smem": {}, "prepared": False}
+    from ._numba_internals import ContextLaunch
+
+    granted = getattr(run.kernel, "_numbatma_dynamic_smem", None) or {}
+    return {"device": run.device, "switches_context": isinstance(run, ContextLaunch),
+            "dynamic_smem": dict(granted), "prepared": True}
 
 
 @contextlib.contextmanager

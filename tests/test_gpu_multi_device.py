@@ -30,7 +30,6 @@ from numba import cuda  # noqa: E402
 
 import numbatma  # noqa: E402
 from numbatma import TensorMap, TensorMapError, devices  # noqa: E402
-from numbatma import _numba_internals as internals  # noqa: E402
 from numbatma.intrinsics import (  # noqa: E402
     bulk_commit_group,
     bulk_wait_group,
@@ -44,7 +43,6 @@ from numbatma.intrinsics import (  # noqa: E402
 from numbatma.kernels import (  # noqa: E402
     StreamCopy,
     TmaCopy,
-    _plan_cache,
     attention,
     axpy,
     clear_plan_cache,
@@ -58,6 +56,7 @@ from numbatma.kernels import (  # noqa: E402
     transpose,
 )
 
+import multi_device_checks as checks  # noqa: E402
 import multi_device_worker as worker  # noqa: E402
 from attention_reference import attention_reference  # noqa: E402
 
@@ -103,10 +102,6 @@ def device_0_current():
     clear_plan_cache()
 
 
-def _cached_plans():
-    return list(_plan_cache._cache.values())
-
-
 # -- every kernel on device 1, from torch tensors on cuda:1, while device 0 is current ----------------------------------
 @pytest.mark.parametrize("name", sorted(worker.CASES))
 def test_every_kernel_on_device_1_from_torch_tensors(name):
@@ -122,7 +117,7 @@ def test_every_kernel_on_device_1_from_torch_tensors(name):
     # (the second set of tensors may differ from the first in address % 1024, part of the key: then a second miss;
     # the third call, the first tensors again, must hit)
     assert info["misses"] in (1, 2) and info["hits"] == 3 - info["misses"] and info["rebind_failed"] == 0, info
-    assert [p.device for p in _cached_plans()] == [1] * info["misses"]
+    checks.check_cached_on(1, info["misses"])
 
 
 def test_numbatma_reads_each_arrays_device():
@@ -213,12 +208,10 @@ def test_clusters_and_large_shared_memory_on_both_devices():
         torch.cuda.synchronize(dev)
         err, bound = check()
         assert err <= bound, f"{dev}: {err:.3g} > {bound:.3g}"
-    plans = sorted(_cached_plans(), key=lambda p: p.device)
+    plans = checks.plans_by_device()
     assert [p.device for p in plans] == [0, 1] and plans[0].kernel is plans[1].kernel
     assert plans[0].shared_mem > 48 * 1024 and plans[0].config.cluster_m == 2
-    prepared = plans[0]._prepared_launch[1].kernel
-    assert set(prepared._numbatma_dynamic_smem) == {0, 1}
-    assert all(v >= plans[0].shared_mem for v in prepared._numbatma_dynamic_smem.values())
+    checks.check_shared_memory_granted(plans[0], {0, 1})
 
 
 def test_a_non_default_stream_of_device_1():
@@ -253,7 +246,7 @@ def test_a_plan_of_device_0_launched_while_device_1_is_current_runs_on_device_0(
         assert torch.cuda.current_device() == 1
     torch.cuda.synchronize(0)
     assert torch.equal(dst, src)
-    assert type(plan._prepared_launch[1]) is internals.ContextLaunch and plan._prepared_launch[1].device == 0
+    checks.check_runs_on(plan, 0)
     for enter in (lambda: torch.cuda.device(1), lambda: cuda.gpus[1]):
         dst.fill_(float("nan"))
         src.copy_(torch.randn_like(src))
