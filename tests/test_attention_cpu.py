@@ -11,7 +11,7 @@ from numbatma import TensorMapError
 from numbatma import compile as nbc
 from numbatma.intrinsics._asm import UnsupportedTarget
 from numbatma.kernels import Attention, _launch
-from numbatma.kernels.attention import MAX_REGISTERS, default_config
+from numbatma.kernels.attention import LOG2E, MAX_REGISTERS, default_config, softmax_mode
 
 from fakes import FakeCudaArray
 
@@ -71,15 +71,15 @@ def test_bad_arguments():
         Attention(q, k, v, FakeCudaArray((2, 4, 999, 128), np.float16, ptr=1 << 36), lse)
     with pytest.raises(TensorMapError, match=r"lse is a float32 array with shape \(2, 4, 999\)"):
         Attention(q, k, v, o, FakeCudaArray((2, 4, 999), np.float32, ptr=1 << 40))
-    with pytest.raises(TensorMapError, match="bn must be an int in 16..64, got 128"):
+    with pytest.raises(TensorMapError, match="bn must be an int(?:eger)? in 16..64, got 128"):
         Attention(*arrays(d=256), bn=128)
     with pytest.raises(TensorMapError, match="stages=9"):
         Attention(q, k, v, o, lse, stages=9)
-    with pytest.raises(TensorMapError, match="schedule must be one of 'serial', 'overlap', 'pingpong'"):
+    with pytest.raises(TensorMapError, match="schedule must be .*'serial', 'overlap'.*'pingpong', got 'fast'"):
         Attention(q, k, v, o, lse, schedule="fast")
-    with pytest.raises(TensorMapError, match="order must be one of 'snake', 'cyclic', got 'zigzag'"):
+    with pytest.raises(TensorMapError, match="order must be .*'snake'.*'cyclic', got 'zigzag'"):
         Attention(q, k, v, o, lse, order="zigzag")
-    with pytest.raises(TensorMapError, match="sweep must be one of 'heads', 'queries', got 'batch'"):
+    with pytest.raises(TensorMapError, match="sweep must be .*'heads'.*'queries', got 'batch'"):
         Attention(q, k, v, o, lse, sweep="batch")
     with pytest.raises(TensorMapError, match="causal must be True or False, got 'yes'"):
         Attention(q, k, v, o, lse, causal="yes")
@@ -142,3 +142,139 @@ def test_other_targets_refuse_wgmma():
     plan = Attention(*arrays(d=64))
     with pytest.raises(UnsupportedTarget, match="wgmma"):
         nbc.compile_ptx(plan.kernel.py_func, plan.args, arch="sm_100a")
+
+
+# -- issue 22: every finite scale (kernels.attention.softmax_mode) -------------------------------------------------
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize("scale, mode, negative, scalar", [
+    (0.125, "fused", False, np.float32(0.125 * LOG2E)),
+    (1.0, "fused", False, np.float32(LOG2E)),
+    (-0.125, "fused", True, np.float32(-0.125 * LOG2E)),
+    (1e-30, "fused", False, np.float32(1e-30 * LOG2E)),
+    (1e-40, "fused", False, np.float32(1e-40 * LOG2E)),  # (a subnormal multiplier: the kernel does not flush)
+    (0.0, "zero", False, np.float32(1.0)),
+    (-0.0, "zero", False, np.float32(1.0)),
+    (1e-46, "zero", False, np.float32(1.0)),  # (scale · log2 e is 0 in float32)
+    (1.0000001, "exact", False, np.float32(1.0000001)),
+    (1e30, "exact", False, np.float32(1e30)),
+    (-1e30, "exact", True, np.float32(-1e30)),
+    (3e38, "exact", False, np.float32(3e38)),
+    (FLT_MAX, "exact", False, np.float32(FLT_MAX)),
+    (-FLT_MAX, "exact", True, np.float32(-FLT_MAX)),
+])
+def test_softmax_mode(scale, mode, negative, scalar):
+    got = softmax_mode(scale)
+    assert got[:2] == (mode, negative)
+    assert type(got[2]) is np.float32 and got[2] == scalar and np.signbit(got[2]) == np.signbit(scalar)
+    plan = Attention(*arrays(d=64), scale=scale)
+    assert plan.scale == scale and plan.args[-1] == scalar and type(plan.args[-1]) is np.float32
+
+
+@pytest.mark.parametrize("bad", [3.5e38, -1e39, 1e300])
+def test_scale_beyond_float32_is_refused(bad):
+    with pytest.raises(TensorMapError, match=rf"Attention: scale must be at most 3.40282\d*e\+38 in magnitude .*, got "
+                                             + re.escape(repr(bad))):
+        Attention(*arrays(d=64), scale=bad)
+
+
+@pytest.mark.parametrize("change, message", [  # every numeric option: its type and its range, the user's value
+    (dict(bn=64.0), "bn must be an int(?:eger)? in 16..128, got 64.0 \\(a float\\)"),
+    (dict(bn="128"), "bn must be an int(?:eger)? in 16..128, got '128' \\(a str\\)"),
+    (dict(bn=True), "bn must be an int(?:eger)? in 16..128, got True \\(a bool\\)"),
+    (dict(bn=40), "bn .* must be a multiple of 16 .* got 40"),
+    (dict(stages=0), "stages must be an int(?:eger)? in 1..64, got 0"),
+    (dict(stages=2.5), "stages must be an int(?:eger)? in 1..64, got 2.5 \\(a float\\)"),
+    (dict(q_stages=3), "q_stages must be an int(?:eger)? in 1..2, got 3"),
+    (dict(q_stages=np.float32(1)), "q_stages must be an int(?:eger)? in 1..2, got np.float32\\(1.0\\)|got 1.0"),
+    (dict(grid=0), "grid must be an int(?:eger)? in 1..2147483647, got 0"),
+    (dict(grid=True), "grid must be an int(?:eger)? in 1..2147483647, got True \\(a bool\\)"),
+    (dict(grid=2.0), "grid must be an int(?:eger)? in 1..2147483647, got 2.0 \\(a float\\)"),
+    (dict(grid="8"), "grid must be an int(?:eger)? in 1..2147483647, got '8' \\(a str\\)"),
+    (dict(causal=1), "causal must be True or False, got 1"),
+    (dict(scale=np.ones(1)), "scale must be a Python or NumPy scalar, got an array"),
+    (dict(scale=-np.inf), "scale must be a finite number, got -inf"),
+    (dict(schedule=None, order=None), "order must be .*'snake'.*'cyclic', got None"),
+])
+def test_bad_options(change, message):
+    with pytest.raises(TensorMapError, match="Attention: " + message):
+        Attention(*arrays(d=128), **change)
+
+
+def test_numpy_integer_options_are_taken():
+    plan = Attention(*arrays(d=128), bn=np.int64(64), stages=np.int32(2), q_stages=np.uint8(1), grid=np.int64(7))
+    assert (plan.config.bn, plan.config.stages, plan.config.q_stages, plan.grid) == (64, 2, 1, 7)
+    assert all(type(x) is int for x in (plan.config.bn, plan.config.stages, plan.config.q_stages, plan._grid))
+
+
+def test_scale_assigned_after_building_switches_the_kernel():
+    """``plan.scale = x``: the kernel follows the new value's mode (sign, zero, beyond 1), the scalar argument its
+    value; a bad value is refused and leaves the plan as it was."""
+    plan = Attention(*arrays(d=64), causal=True)
+    default = plan.kernel
+    for scale, mode in ((-1.0, ("fused", True)), (2.0, ("exact", False)), (0.0, ("zero", False)),
+                        (-1e30, ("exact", True)), (0.5, ("fused", False))):
+        plan.scale = scale
+        assert plan.scale == scale and plan._kernel_mode == mode and plan.args[-1] == softmax_mode(scale)[2]
+        assert (plan.kernel is default) == (mode == ("fused", False))
+    plan.scale = np.float32(0.25)
+    assert type(plan.scale) is float and plan.args[-1] == np.float32(0.25 * LOG2E)
+    for bad, error in ((float("nan"), "finite"), (1e39, "at most"), ("2", "real number"), (None, "real number")):
+        with pytest.raises(TensorMapError, match="Attention: scale must be .*" + error):
+            plan.scale = bad
+        assert plan.scale == 0.25 and plan.kernel is default
+    assert Attention(*arrays(d=64), causal=True, scale=-1.0).kernel is not default
+
+
+# The default (fused, positive) kernel's instruction mix, measured before issue 22's change (at 2c225e5, this
+# toolchain) for Attention(*arrays(d=128, hk=2)): the scale modes must add nothing to it. (Re-measure only for a
+# deliberate change of the kernel or of the toolchain.)
+DEFAULT_MIX = {"total": 3656, "FFMA": 159, "FMUL": 140, "FADD": 146, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 138,
+               "MUFU.RCP": 13}
+DEFAULT_PTX_MIX = {"ex2.approx.f32": 132, "fma.rn.f32": 28, "max.f32": 140, "mul.f32": 268, "sub.f32": 132,
+                   "add.f32": 142, "selp.f32": 138}
+
+
+def _mix(d, scale, causal=False, schedule=None):
+    plan = Attention(*arrays(d=d, hk=2), causal=causal, scale=scale, schedule=schedule)
+    sass = nbc.sass(nbc.compile_cubin(plan.kernel.py_func, plan.args, max_registers=MAX_REGISTERS))
+    ops = [line.split("*/")[1].split(";")[0].split()[0] for line in sass.splitlines()
+           if "*/" in line and line.split("*/")[1].strip()]
+    mix = {name: ops.count(name) for name in DEFAULT_MIX if name != "total"}
+    mix["total"] = len(ops)
+    return plan, sass, mix
+
+
+def test_default_mode_instruction_mix_is_unchanged():
+    plan, sass, mix = _mix(128, None)
+    assert plan._kernel_mode == ("fused", False)
+    assert mix == DEFAULT_MIX
+    ptx = nbc.compile_ptx(plan.kernel.py_func, plan.args)
+    ptx = ptx if isinstance(ptx, str) else ptx[0]
+    ops = [line.split()[0] for line in ptx.splitlines() if line.startswith("\t") and line.split()]
+    assert {name: ops.count(name) for name in DEFAULT_PTX_MIX} == DEFAULT_PTX_MIX
+    assert "min.f32" not in ops
+
+
+@pytest.mark.parametrize("d, scale, causal, schedule", [
+    (128, 0.0, False, None), (128, -0.125, True, None), (64, 1e30, True, "pingpong"), (256, -3e38, True, None)])
+def test_every_scale_mode_compiles(d, scale, causal, schedule):
+    """Each mode's kernel for sm_90a: no local memory, the products as in the default kernel, one exp2 per element
+    of S as there; "exact" pays one subtraction and one multiplication more per element, the others nothing."""
+    plan, sass, mix = _mix(d, scale, causal, schedule)
+    mode = plan._kernel_mode[0]
+    assert mode == softmax_mode(scale)[0]
+    assert "STL" not in sass and "LDL" not in sass, f"local memory in the {mode} kernel"
+    assert sass.count("USETMAXREG") == 2 and "UTMALDG" in sass and "UTMASTG" in sass
+    default_ops = _ops(_sass(d, causal, "bhsd", schedule or default_config(d).schedule)[1])
+    sites = 1 if (schedule or default_config(d).schedule) == "serial" else 2  # the softmax inlined once or twice
+    if mode == "zero":  # S is never read (every logit is 0): the compiler drops Q Kᵀ (its D / 16 k-steps at each
+        f32 = [op for op in _ops(sass) if op.endswith(".F32")]  # site), P V stays as it was
+        assert len(f32) == sum(op.endswith(".F32") for op in default_ops) - sites * (d // 16)
+        assert mix["total"] < DEFAULT_MIX["total"]
+        return
+    assert _ops(sass) == default_ops
+    assert mix["MUFU.EX2"] == (plan.config.bn // 2 + 2) * sites  # P (bn / 2 per thread) and the two factors f
+    if mode == "exact":  # (s - M) · scale · log2 e
+        assert mix["FMUL"] >= 2 * mix["MUFU.EX2"]
