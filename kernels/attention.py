@@ -30,6 +30,10 @@ Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups):
   stores (clipped at the sequence end: never a byte outside ``o``); the Q stage goes back to the producer once
   the stores have read it.
 
+Scale: any finite value up to float32's largest - 0, negative, tiny, huge; the host picks a compile-time softmax mode
+from it (:func:`softmax_mode`: "fused", the default scale's, unchanged; "exact" for |scale| > 1; "zero"), and a
+plan's ``scale`` may be reassigned (the kernel follows its mode).
+
 Tile: ``bm = 128`` query rows, ``bn`` keys per block (128 for D <= 128, 64 for D = 256; the ``bn`` option
 takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
 the next item's Q loads while this one's epilogue runs) + ``2 stages bn D`` elements (two bytes each).

@@ -100,3 +100,74 @@ def test_function_form_on_a_stream_and_lse_allocated():
     assert out is o and (o.float() - ref).abs().max() <= 2 * ULP["bfloat16"] * v.float().abs().max()
     assert abs(float(ref_lse[0, 1, 5]) - float(lse[0, 1, 5])) <= 1e-3
     assert math.isfinite(float(lse[0, 0, 199]))
+
+
+# -- issue 22: every finite scale, against the float64 NumPy reference (tests/attention_reference.py) -------------
+from attention_reference import attention_reference, lse_error  # noqa: E402
+
+SCALES = [None, 0.0, -0.3, -1.0, 1e-30, 1.5, 1e30, -1e30, 3e38, -3e38]  # None: the default 1 / sqrt(D)
+HUGE = 1e6  # scales beyond this: integer-valued inputs (every logit exact in float32, ties shared as in float64)
+
+
+def check_scale(scale, causal, sq, sk, d, dtype="bfloat16", plan=None, arrays=None):
+    """One launch (a new plan, or ``plan`` with its scale reassigned) against the float64 reference, o and lse
+    NaN-poisoned first; returns the plan."""
+    if arrays is None:
+        if scale is not None and abs(scale) > HUGE:
+            make = lambda h, s: torch.randint(-2, 3, (1, h, s, d), device="cuda").to(TORCH[dtype])  # noqa: E731
+        else:
+            make = lambda h, s: torch.randn((1, h, s, d), device="cuda").to(TORCH[dtype])  # noqa: E731
+        arrays = make(2, sq), make(2, sk), make(2, sk)
+    q, k, v = arrays
+    if plan is None:
+        o = torch.empty_like(q)
+        lse = torch.empty((1, 2, sq), device="cuda", dtype=torch.float32)
+        plan = Attention(q, k, v, o, lse, causal=causal, scale=scale)
+    else:
+        plan.scale = scale
+        o, lse = plan.output
+    o.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    plan.launch()
+    torch.cuda.synchronize()
+    ref, ref_lse = attention_reference(*(x.double().cpu().numpy() for x in (q, k, v)), causal, plan.scale)
+    got = o.double().cpu().numpy()
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), f"NaN (or never written) at scale {scale}"
+    err = abs(got - ref).max()
+    bound = 2 * ULP[dtype] * float(v.float().abs().max())
+    assert err <= bound, f"scale {plan.scale}: max error of o {err:.3g} > {bound:.3g}"
+    excess = lse_error(lse.cpu().numpy(), ref_lse, rel=1e-5, atol=1e-3)
+    assert excess <= 0, f"scale {plan.scale}: lse off by {excess:.3g} beyond the tolerance"
+    return plan
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=lambda s: "default" if s is None else f"{s:g}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sq, sk, d", [(200, 333, 64), (300, 1000, 128), (130, 77, 256)],
+                         ids=["ragged-d64", "ragged-d128", "one-ragged-block-d256"])
+def test_every_finite_scale(scale, causal, sq, sk, d):
+    check_scale(scale, causal, sq, sk, d)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_scale_reassigned_on_a_built_plan(dtype):
+    """``plan.scale = x`` between launches: the plan switches kernel where the mode changes (and back)."""
+    torch.manual_seed(0)
+    arrays = tuple(torch.randint(-2, 3, (1, 2, s, 64), device="cuda").to(TORCH[dtype]) for s in (150, 290, 290))
+    plan = check_scale(None, True, 150, 290, 64, dtype, arrays=arrays)
+    for scale in (-0.5, 0.0, 1e30, -1e30, 3e38, 0.125):
+        check_scale(scale, True, 150, 290, 64, dtype, plan=plan, arrays=arrays)
+
+
+def test_function_form_keeps_scales_apart():
+    """attention(..., scale=...) caches its plans: a scale of another mode gets its own kernel, not the cached one."""
+    q = torch.randint(-2, 3, (1, 2, 100, 64), device="cuda").to(torch.bfloat16)
+    k = torch.randint(-2, 3, (1, 2, 180, 64), device="cuda").to(torch.bfloat16)
+    v = torch.randn((1, 2, 180, 64), device="cuda").to(torch.bfloat16)
+    for scale in (0.125, 0.0, -0.125, 1e30, 0.125):
+        o = torch.full_like(q, float("nan"))
+        out, lse = attention(q, k, v, o, causal=True, scale=scale)
+        torch.cuda.synchronize()
+        ref, ref_lse = attention_reference(*(x.double().cpu().numpy() for x in (q, k, v)), True, scale)
+        assert abs(out.double().cpu().numpy() - ref).max() <= 2 * ULP["bfloat16"] * float(v.float().abs().max())
+        assert lse_error(lse.cpu().numpy(), ref_lse, rel=1e-5, atol=1e-3) <= 0
