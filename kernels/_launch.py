@@ -94,6 +94,31 @@ def byte_extent(layout):
     return ptr + lo, ptr + hi
 
 
+class _Elements:
+    """A NumPy view of no memory: the addresses of an array's elements (``layout_facts``), for
+    ``numpy.shares_memory``, which compares addresses and never reads them."""
+
+    def __init__(self, facts):
+        ptr, shape, strides, dtype = facts
+        self.__array_interface__ = {"data": (ptr, True), "shape": tuple(shape), "strides": tuple(strides),
+                                    "typestr": f"|V{dtype.itemsize}", "version": 3}
+
+
+def elements_overlap(a, b, max_work=1 << 16):
+    """Whether two arrays (their :func:`numbatma.layout_facts`) share a byte of an element: exact for strided views
+    whose spans interleave (two column blocks of one matrix share no element although their byte spans overlap);
+    True where the question is too hard to settle within ``max_work`` (NumPy's bound), so a caller refusing overlap
+    stays on the safe side."""
+    lo_a, hi_a = byte_extent(a)
+    lo_b, hi_b = byte_extent(b)
+    if not (lo_a < hi_b and lo_b < hi_a):
+        return False
+    try:
+        return bool(np.shares_memory(np.asarray(_Elements(a)), np.asarray(_Elements(b)), max_work=max_work))
+    except (np.exceptions.TooHardError, ValueError, OverflowError):
+        return True
+
+
 def same_layout(op, *arrays):
     """Check that arrays share shape and dtype; return the layout of the first."""
     layouts = [array_layout(a) for a in arrays]

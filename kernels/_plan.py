@@ -54,12 +54,12 @@ it on ``stream``, return its output.
 """
 from __future__ import annotations
 
-from numbatma import ArrayLayout, TensorMapError, launch_argument, layout_facts, prepare_launch
+from numbatma import ArrayLayout, TensorMapError, is_readonly, launch_argument, layout_facts, prepare_launch
 from numbatma.launch import same_scalar
 from numbatma.devices import array_device, common_device, enter_device, leave_device, on_device, several_devices
 from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
 
-from ._launch import byte_extent
+from ._launch import byte_extent, elements_overlap
 from ._rebind import NotRebindable, _looks_like_array, apply_moves, is_scalar, moves_of, overlapping, rebind_map
 
 __all__ = ["Plan", "NotRebindable", "run", "plan_cache_size", "clear_plan_cache", "plan_cache_info"]
@@ -227,8 +227,7 @@ class Plan(metaclass=_PlanType):
         if names is None:
             return
         named = [(k, f) for k, f in zip(names, facts) if f is not None]
-        _check_written(type(self).__name__, [(k, a) for k, a in zip(names, arrays) if k in written],
-                       _NEVER_READONLY)
+        _check_written(type(self).__name__, [(k, a) for k, a in zip(names, arrays) if k in written])
         _check_overlap(type(self).__name__, named, written, type(self).may_alias, type(self).overlap_note)
 
     @property
@@ -455,35 +454,21 @@ def _argument_names(cls):
     return names
 
 
-def is_readonly(array):
-    """Whether ``array``'s CUDA Array Interface says its memory is read-only (``data[1]``); False for an array
-    without one (numba's own and the simulator's arrays are writable)."""
-    cai = getattr(array, "__cuda_array_interface__", None)
-    if not isinstance(cai, dict):
-        return False
-    data = cai.get("data")
-    return bool(data[1]) if isinstance(data, tuple) and len(data) > 1 else False
-
-
-# (array types whose interface never says read-only - torch, CuPy, numba: not read again when a plan is re-pointed)
-_NEVER_READONLY = ("torch", "cupy", "numba")
-
-
-def _check_written(op, named, skip=()):
-    """Refuse a read-only array among ``named`` (``(name, array)`` pairs the kernel writes)."""
+def _check_written(op, named):
+    """Refuse a read-only array among ``named`` (``(name, array)`` pairs the kernel writes):
+    :func:`numbatma.is_readonly` (decided per array class where the class alone answers: torch, numba)."""
     for name, array in named:
-        if skip and type(array).__module__.split(".")[0] in skip:
-            continue
         if is_readonly(array):
             raise TensorMapError(
-                f"{op}: {name} is read-only (its __cuda_array_interface__ says data[1] = True) but the kernel "
-                f"writes it; pass a writable array as {name}.")
+                f"{op}: {name} is read-only (its exporter marks its memory read-only) but the kernel writes it; pass "
+                f"a writable array as {name}.")
 
 
 def _check_overlap(op, named, written, may_alias, note=""):
-    """Refuse two arguments of ``named`` (``(name, layout_facts)``) that share a byte where at least one is in
-    ``written``, unless they are the exact alias ``(written, read)`` that ``may_alias`` lists. Empty arrays share
-    nothing."""
+    """Refuse two arguments of ``named`` (``(name, layout_facts)``) that share a byte of an element
+    (:func:`elements_overlap`: strided views whose spans interleave but whose elements are apart are fine) where at
+    least one is in ``written``, unless they are the exact alias ``(written, read)`` that ``may_alias`` lists. Empty
+    arrays share nothing."""
     spans = []
     for name, facts in named:
         lo, hi = byte_extent(facts)
@@ -495,6 +480,8 @@ def _check_overlap(op, named, written, may_alias, note=""):
                 continue
             w, r, fw, fr = (nj, ni, fj, fi) if nj in written else (ni, nj, fi, fj)
             exact = fw[0] == fr[0] and fw[1:] == fr[1:]
+            if not exact and not elements_overlap(fw, fr):  # (spans interleave, elements apart: column blocks)
+                continue
             if exact and ((w, r) in may_alias or (r, w) in may_alias):
                 continue
             allowed = ", ".join(f"{a} is {b}" for a, b in may_alias) or "none"

@@ -69,6 +69,29 @@ def test_stream_copy_partial_overlap_is_refused(shift):
         stream_copy(fa((64, 64)), fa((64, 64), ptr=MB + shift))
 
 
+def test_column_blocks_of_one_matrix_do_not_overlap():
+    """Two column blocks of one (64, 128) float32 matrix: their byte spans interleave, their elements do not; a copy
+    from one to the other is accepted, a block shifted by one column into the other is refused."""
+    left = fa((64, 64), strides=(512, 4))
+    right = fa((64, 64), strides=(512, 4), ptr=MB + 256)
+    assert stream_copy(left, right) is right
+    assert softmax(left, right) is right
+    with pytest.raises(TensorMapError, match="StreamCopy: dst overlaps src"):
+        stream_copy(left, fa((64, 64), strides=(512, 4), ptr=MB + 240))
+
+
+def test_elements_overlap_is_exact_for_strided_views_and_safe_when_too_hard():
+    f32 = np.dtype(np.float32)
+    rows = lambda ptr, shape=(64, 64), strides=(512, 4): (ptr, shape, strides, f32)  # noqa: E731
+    assert not _launch.elements_overlap(rows(MB), rows(MB + 256))
+    assert _launch.elements_overlap(rows(MB), rows(MB + 252))
+    assert _launch.elements_overlap(rows(MB), rows(MB + 2))  # (a byte of an element, not element-aligned)
+    assert not _launch.elements_overlap(rows(MB), rows(MB + 64 * 512))  # (spans apart)
+    hard = (MB, (1000, 1000, 1000), (4000003, 4001, 4), f32)
+    assert _launch.elements_overlap(hard, (MB + 4001 * 7 + 4, (1000, 1000, 1000), (4000003, 4001, 4), f32),
+                                    max_work=1)  # (too hard within max_work: counted as overlapping)
+
+
 def test_stream_copy_exact_alias_is_allowed():
     a = fa((64, 64))
     assert stream_copy(a, a) is a
