@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, emit_only
+from numbatma.errors import TypingError
 
 __all__ = ["griddepcontrol_launch_dependents", "griddepcontrol_wait"]
 
@@ -21,6 +22,28 @@ WAIT = Ptx("griddepcontrol.wait;", min_sm=90)
 
 if not SIMULATING:
     from numba.cuda import types
+
+
+def _hopper_only(op, ptx):
+    """``emit_only(ptx)``, refused (a typing error at the kernel's line) when the kernel is compiled for a
+    target older than sm_90: the typer's verdict is cached across targets, so the check is made here, at each
+    lowering (a ptxas error on the PTX otherwise, far from the call)."""
+    emit = emit_only(ptx)
+
+    def codegen(context, builder, sig, args):
+        from numbatma import _numba_internals as internals
+
+        cc = internals.compile_capability()
+        if cc is not None and tuple(cc[:2]) < (9, 0):
+            target = f"sm_{cc[0]}{cc[1]}" + (str(cc[2]) if len(cc) > 2 else "")
+            raise TypingError(
+                f"{op}: grid dependency control ({ptx.text.rstrip(';')}) needs compute capability 9.0 or newer, but "
+                f"this kernel is compiled for {target}; compile it for sm_90a (numbatma.compile.compile_ptx, "
+                f"cuda.compile_ptx(..., cc=(9, 0, 'a')), or cuda.jit on an H100/H200), or leave the call out of "
+                f"kernels for older GPUs", loc=internals.lowering_loc())
+        return emit(context, builder, sig, args)
+
+    return codegen
 
 
 @device_op(simulate=lambda: sim_griddepcontrol_launch_dependents())
@@ -37,7 +60,7 @@ def griddepcontrol_launch_dependents(typingctx):
     do nothing; in a kernel no dependent launch follows it does nothing.
 
     Simulator: the CUDA simulator runs launches one after another, so there is nothing to release: a no-op."""
-    return types.void(), emit_only(LAUNCH_DEPENDENTS)
+    return types.void(), _hopper_only("griddepcontrol_launch_dependents", LAUNCH_DEPENDENTS)
 
 
 @device_op(simulate=lambda: sim_griddepcontrol_wait())
@@ -55,7 +78,7 @@ def griddepcontrol_wait(typingctx):
 
     Simulator: the CUDA simulator runs launches one after another, so the earlier kernel has finished before
     this one starts: it returns at once."""
-    return types.void(), emit_only(WAIT)
+    return types.void(), _hopper_only("griddepcontrol_wait", WAIT)
 
 
 # -- simulator semantics ----------------------------------------------------------------------------------------

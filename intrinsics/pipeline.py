@@ -38,8 +38,11 @@ empty barriers' parity 1, which counts as complete, so no stage is "released" by
 from __future__ import annotations
 
 import functools
+import inspect
 
 from numba import cuda
+
+from numbatma.errors import TypingError
 
 from . import _debug
 from ._asm import Ptx
@@ -404,14 +407,46 @@ METHODS = {
 }
 
 
-def _typer_returning(impl):
-    """An overload typer with ``impl``'s signature (numba checks they agree) that always picks ``impl``."""
+def _typer_returning(impl, name):
+    """An overload typer with ``impl``'s signature (numba checks they agree) that always picks ``impl``. Numba
+    binds a call's arguments to that signature before typing it; a call with the wrong number of arguments is
+    refused with numbatma's words (``_MethodSignature``), at the kernel's line, instead of Python's "too many
+    positional arguments"."""
 
     @functools.wraps(impl)
     def typer(*args):
         return impl
 
+    base = inspect.signature(impl)
+    typer.__signature__ = _MethodSignature(list(base.parameters.values()), method=name)
     return typer
+
+
+class _MethodSignature(inspect.Signature):
+    """The signature of a ``Pipeline`` method's overload: binding the wrong number of arguments raises a
+    :class:`numbatma.errors.TypingError` that says how to call the method."""
+
+    __slots__ = ("_method",)
+
+    def __init__(self, *args, method=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._method = method
+
+    def replace(self, **changes):
+        out = super().replace(**changes)
+        out._method = self._method
+        return out
+
+    def bind(self, *args, **kwargs):
+        try:
+            return super().bind(*args, **kwargs)
+        except TypeError as exc:
+            params = list(self.parameters)[1:]
+            call = f"pipe.{self._method}({', '.join(params)})"
+            takes = f"takes {len(params)} argument(s) ({', '.join(params)})" if params else "takes no arguments"
+            raise TypingError(
+                f"Pipeline.{self._method} {takes}, got {len(args) - 1 + len(kwargs)} ({exc}); call it as "
+                f"{call}") from None
 
 
 if SIMULATING:
@@ -421,7 +456,7 @@ else:
     if _debug.enabled():  # (the process is a debug one: the bounded waits replace the plain ones)
         METHODS = {**METHODS, "producer_acquire": _debug_producer_acquire, "consumer_wait": _debug_consumer_wait}
     for _name, _impl in METHODS.items():
-        overload_method(PipelineType, _name, target="cuda")(_typer_returning(_impl))
+        overload_method(PipelineType, _name, target="cuda")(_typer_returning(_impl, _name))
 
 def _methods_doc():
     """The ``Methods`` section of ``help(Pipeline)``: each method's call and the first sentence of its docstring."""

@@ -1608,11 +1608,46 @@ def _located_constraint(original):
     return __call__
 
 
+def _plain_function_global(original):
+    """``TypeInferer.typeof_global``: a global or closure variable holding a plain Python function that numba
+    cannot type (not a ``cuda.jit`` device function, not one numba knows) is refused with numbatma's words at
+    the kernel's line - saying to make it a device function - instead of "Untyped global name"."""
+
+    def typeof_global(self, inst, target, gvar):
+        try:
+            return original(self, inst, target, gvar)
+        except Exception as exc:
+            from numba.core.errors import TypingError as NumbaTypingError
+            from numba.cuda.core.errors import TypingError as CudaTypingError
+
+            if not isinstance(gvar.value, _pytypes.FunctionType) \
+                    or not isinstance(exc, (NumbaTypingError, CudaTypingError)) \
+                    or isinstance(exc, _numbatma_errors().TypingError):
+                raise
+            name = getattr(gvar.value, "__qualname__", gvar.name)
+            what = "a plain Python function" if name == gvar.name else f"the plain Python function {name}"
+            raise _numbatma_errors().TypingError(
+                f"'{gvar.name}' is {what}, which a kernel can neither call nor pass on "
+                f"(to wgmma_map, wgmma_row_reduce, ...): make it a device function with @cuda.jit(device=True) "
+                f"(inline=\"always\" for a small one)", loc=inst.loc) from None
+
+    return typeof_global
+
+
+def _numbatma_errors():
+    from . import errors
+
+    return errors
+
+
 def install_typing_errors():
     for cls in _constraint_classes().values():
         call = vars(cls)["__call__"]
         if not hasattr(call, "_numbatma_original"):
             cls.__call__ = _located_constraint(call)
+    from numba.cuda.core import typeinfer
+
+    _patch(typeinfer.TypeInferer, "typeof_global", _plain_function_global)
 
 
 # -- hook 10: GPU debug mode (where the statement being lowered is; cache keys) ----------------------------
@@ -1974,6 +2009,32 @@ def declare_vprintf(module):
 def string_constant(context, builder, text):
     """A generic ``i8*`` to a NUL-terminated constant string (deduplicated per module)."""
     return context.insert_string_const_addrspace(builder, text)
+
+
+def compile_capability():
+    """The compute capability ``(major, minor[, "a"])`` the kernel being compiled now targets (the ``flags`` of
+    numba-cuda's pipeline, ``targetconfig.ConfigStack``), or None outside a compilation. For lowering-time
+    checks: a typer's result is cached across compilations for other targets, a codegen runs for each."""
+    from numba.cuda.core import targetconfig
+
+    flags = targetconfig.ConfigStack.top_or_none()
+    cc = getattr(flags, "compute_capability", None) if flags is not None else None
+    return tuple(cc) if cc else None
+
+
+def lowering_loc():
+    """The source location (``ir.Loc``) of the statement being lowered now, or None: read from the frame of
+    ``numba.cuda.lowering.Lower.lower_inst`` (``inst.loc``) on this thread's stack. Only for errors."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "lower_inst" and "inst" in frame.f_locals:
+            loc = getattr(frame.f_locals["inst"], "loc", None)
+            if loc is not None:
+                return loc
+        frame = frame.f_back
+    return None
 
 
 def simulated_block(thread):

@@ -664,3 +664,27 @@ def test_simulator_constant_rule_points():
     assert internals._is_constant(func_ir, m, False) and not internals._is_constant(func_ir, n, False)
     assert not internals._is_constant(func_ir, tuples[0].items[1], True)
     assert ir.Const and ir.Global
+
+
+def test_typing_message_points():
+    """Hook 9's plain-function refusal wraps TypeInferer.typeof_global(self, inst, target, gvar), which types a
+    global or closure variable through resolve_value_type; compile_capability reads the pipeline's flags
+    (targetconfig.ConfigStack, flags.compute_capability set by compile_cuda); lowering_loc reads
+    Lower.lower_inst(self, inst)'s frame; a Pipeline method's wrong arity is caught where numba binds the
+    overload typer's signature (inspect.signature(self._overload_func).bind)."""
+    from numba.cuda import compiler, lowering
+    from numba.cuda.core import targetconfig, typeinfer
+    from numba.cuda.typing import templates
+
+    assert typeinfer.TypeInferer.typeof_global.__module__ == internals.__name__
+    upstream = typeinfer.TypeInferer.typeof_global._numbatma_original
+    assert list(inspect.signature(upstream).parameters) == ["self", "inst", "target", "gvar"]
+    assert "self.resolve_value_type(inst, gvar.value)" in inspect.getsource(upstream)
+    assert "self.typeof_global(inst, inst.target, value)" in inspect.getsource(typeinfer.TypeInferer.typeof_assign)
+    assert callable(targetconfig.ConfigStack.top_or_none)
+    assert "flags.compute_capability = cc" in inspect.getsource(compiler.compile_cuda)
+    assert internals.compile_capability() is None  # (outside a compilation)
+    assert list(inspect.signature(lowering.Lower.lower_inst).parameters) == ["self", "inst"]
+    build = inspect.getsource(templates._OverloadFunctionTemplate._build_impl)
+    assert "ov_sig = inspect.signature(self._overload_func)" in build and "ov_sig.bind(*args, **kws)" in build
+    assert "except TypeError as e:" in build  # (numbatma's error is no TypeError: it passes through)
