@@ -62,6 +62,8 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator; 12 is
    ``constraint(typeinfer)`` for each constraint and on Numba's ``TypingError`` (numba.core) passing through
    numba-cuda's ``except TypingError`` (numba.cuda.core's class) unchanged; were numba-cuda to catch it, the
    message would still start with numbatma's line.
+   ``numba.cuda.core.typeinfer.TypeInferer.typeof_global`` is wrapped too: a global or closure variable holding
+   a plain Python function numba cannot type is refused at the statement, saying to make it a device function.
 10. :func:`install_debug_mode`. GPU debug mode (``numbatma/debug.py``, installed only when ``NUMBATMA_DEBUG``
    is on): ``numba.cuda.lowering.Lower.lower_inst`` is wrapped to keep, per thread, the statement being
    lowered, so an intrinsic's codegen can name its kernel file:line and the kernel variables of its operands
@@ -103,7 +105,9 @@ Accessors (no patching): the numba-cuda private names numbatma's other modules u
 from here only (points listed by :func:`_accessor_points`): :func:`intrinsic`
 (``numba.cuda.extending._intrinsic``), :func:`make_array` / :func:`populate_array`
 (``numba.cuda.np.arrayobj``), :func:`call_sreg` (``numba.cuda.nvvmutils.call_sreg``), :func:`declare_vprintf`,
-:func:`string_constant`, and the simulator's block of a thread: :func:`simulated_block` (a simulated
+:func:`string_constant`, :func:`compile_capability` (the target of the compilation running now:
+``targetconfig.ConfigStack``'s flags), :func:`lowering_loc` (the statement ``Lower.lower_inst`` is lowering), and
+the simulator's block of a thread: :func:`simulated_block` (a simulated
 thread's ``_manager``), :func:`simulated_block_dim` / :func:`simulated_grid_dim` (its ``_block_dim`` /
 ``_grid_dim``), :func:`simulated_device_array` (``FakeCUDAArray``).
 """
