@@ -449,9 +449,28 @@ class _MethodSignature(inspect.Signature):
                 f"{call}") from None
 
 
+def _sim_method(name, impl):
+    """``impl`` as a ``SimPipeline`` method: a call with the wrong number of arguments is refused with the GPU
+    build's words (``_MethodSignature``) after the kernel's file:line."""
+    signature = _MethodSignature(list(inspect.signature(impl).parameters.values()), method=name)
+    count = len(signature.parameters)
+
+    @functools.wraps(impl)
+    def method(*args, **kwargs):
+        if len(args) + len(kwargs) != count:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypingError as exc:
+                site = sim().caller_site()
+                raise sim().SimulatedTypingError(f"{site[0]}:{site[1]}: {exc.reason}") from None
+        return impl(*args, **kwargs)
+
+    return method
+
+
 if SIMULATING:
     for _name, _impl in METHODS.items():
-        setattr(SimPipeline, _name, _impl)
+        setattr(SimPipeline, _name, _sim_method(_name, _impl))
 else:
     if _debug.enabled():  # (the process is a debug one: the bounded waits replace the plain ones)
         METHODS = {**METHODS, "producer_acquire": _debug_producer_acquire, "consumer_wait": _debug_consumer_wait}

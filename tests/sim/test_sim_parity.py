@@ -12,6 +12,7 @@ from numba import cuda
 import numbatma
 import parity_kernels as pk
 from numbatma.intrinsics import (
+    Pipeline,
     bulk_commit_group,
     bulk_wait_group,
     fence_mbarrier_init,
@@ -159,3 +160,27 @@ def test_configuring_returns_a_copy():
     first, second = tma_copy[1, 32], tma_copy[2, 64]
     assert (first.grid_dim, first.block_dim) != (second.grid_dim, second.block_dim)
     assert first.py_func is tma_copy.py_func
+
+
+# -- Pipeline methods with the wrong number of arguments: the GPU build's words (tests/test_typing_messages_cpu.py)
+@cuda.jit
+def pipeline_misuse(out, bug):
+    pipe = Pipeline(2, 1, 1)
+    if bug == 1:
+        pipe.producer_acquire(1)
+    elif bug == 2:
+        pipe.consumer_release(0, 1)
+    out[0] = pipe.stages
+
+
+@pytest.mark.parametrize("bug, words", [
+    (1, r"Pipeline\.producer_acquire takes no arguments, got 1 .*call it as pipe\.producer_acquire\(\)"),
+    (2, r"Pipeline\.consumer_release takes no arguments, got 2 .*call it as pipe\.consumer_release\(\)"),
+])
+def test_pipeline_method_arity(bug, words):
+    filename, line = pk.line_of(pipeline_misuse.py_func, "pipe.producer_acquire(1)" if bug == 1 else "consumer_release(0, 1)")
+    with pytest.raises(SimulatedTypingError, match=rf"{re.escape(filename)}:{line}: {words}"):
+        pipeline_misuse[1, 1](np.zeros(1, np.int32), bug)
+    out = np.zeros(1, np.int32)
+    pipeline_misuse[1, 1](out, 0)
+    assert out[0] == 2
