@@ -1429,12 +1429,11 @@ def _shared_array_shapes(func_ir, line):
             yield from (v for k, v in expr.kws if k == "shape")
 
 
-def _runtime_indices(func_ir, line, names):
-    """The run-time index operands of ``x[i]`` reads on ``line`` whose ``x`` is one of the variables ``names``."""
-    for expr in _statements(func_ir, line):
-        if expr.op == "getitem" and expr.value.name.split(".")[0] in names \
-                and not _is_constant(func_ir, expr.index, False):
-            yield expr.index
+def _runtime_indices(func_ir, line):
+    """[(name of x, index variable)] for the ``x[i]`` reads on ``line`` whose index is not a compile-time
+    constant."""
+    return [(expr.value.name.split(".")[0], expr.index) for expr in _statements(func_ir, line)
+            if expr.op == "getitem" and not _is_constant(func_ir, expr.index, False)]
 
 
 def _sim_refusal(frame, reason):
@@ -1452,35 +1451,39 @@ def check_constant_operand(frame, what, owner=None):
     operand that must be a compile-time constant is not one - ``what="shape"``: the shape of a
     ``cuda.shared.array`` call; ``what="index"``: an index into ``owner`` (a wgmma accumulator). Raises
     ``SimulatedTypingError`` starting with the kernel's file:line. Frames of numbatma's own code are not
-    checked."""
-    from . import errors
-
-    if frame is None or errors.is_internal(frame.f_code.co_filename):
+    checked. The IR is read once per line (cached); a later call costs a dictionary lookup."""
+    if frame is None:
         return
     key = (frame.f_code, frame.f_lineno, what)
-    verdict = _ir_cache.get(key)
-    if verdict is None:
-        func_ir = _frame_ir(frame)
-        verdict = ""
-        if func_ir is not None and what == "shape":
-            for shape in _shared_array_shapes(func_ir, frame.f_lineno):
-                if not _is_constant(func_ir, shape, True):
-                    verdict = (f"cuda.shared.array: {SHAPE_RULE}; got "
-                               f"'{_describe_var(func_ir, shape) or _user_name(shape.name)}'")
-                    break
+    found = _ir_cache.get(key)
+    if found is None:
+        found = _line_verdict(frame, what)
         with _ir_cache_lock:
-            _ir_cache[key] = verdict
-    if what == "index":
-        func_ir = _frame_ir(frame)
-        if func_ir is None:
-            return
-        names = {n for n, v in frame.f_locals.items() if v is owner}
-        for index in _runtime_indices(func_ir, frame.f_lineno, names):
-            raise _sim_refusal(frame, f"accumulator[i]: {INDEX_RULE}; got the run-time index "
-                                      f"'{_describe_var(func_ir, index) or _user_name(index.name)}'")
+            _ir_cache[key] = found
+    if not found:
         return
-    if verdict:
-        raise _sim_refusal(frame, verdict)
+    if what == "shape":
+        raise _sim_refusal(frame, found)
+    local = frame.f_locals  # (an index: only when the indexed variable is this accumulator)
+    for name, index in found:
+        if local.get(name) is owner:
+            raise _sim_refusal(frame, f"accumulator[i]: {INDEX_RULE}; got the run-time index '{index}'")
+
+
+def _line_verdict(frame, what):
+    """For ``what="shape"``: the refusal of the line's computed shared-array shape, or ''; for ``"index"``:
+    [(variable, index as spelled)] of the line's reads with a run-time index."""
+    from . import errors
+
+    func_ir = None if errors.is_internal(frame.f_code.co_filename) else _frame_ir(frame)
+    if what == "index":
+        return [] if func_ir is None else [(name, _describe_var(func_ir, index) or _user_name(index.name))
+                                           for name, index in _runtime_indices(func_ir, frame.f_lineno)]
+    if func_ir is not None:
+        for shape in _shared_array_shapes(func_ir, frame.f_lineno):
+            if not _is_constant(func_ir, shape, True):
+                return f"cuda.shared.array: {SHAPE_RULE}; got '{_describe_var(func_ir, shape) or _user_name(shape.name)}'"
+    return ""
 
 
 def _install_accumulator_index_check():
