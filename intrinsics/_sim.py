@@ -568,7 +568,8 @@ class SharedArray(np.ndarray):
                         f"must bulk_commit_group and bulk_wait_group_read (then a block barrier) before the "
                         f"tile is written again"
                     )
-            if _block_state().operand_reads:
+            reads = _block_state().operand_reads  # (replaced, never changed in place: no lock to look)
+            if reads and any(r.lo < hi and lo < r.hi for r in reads):
                 with lock:
                     _check_operand_reads(_block_state(), lo, hi, None)
 
