@@ -645,11 +645,10 @@ class Attention(Plan):
         self._use_kernel()
 
     def _use_kernel(self):
-        """The kernel of the configuration and the scale's :func:`softmax_mode` (set past Plan.__setattr__'s rule
-        for public names: the kernel follows the scale, which may be assigned; the assignment marks the plan
-        changed)."""
+        """The kernel of the configuration and the scale's :func:`softmax_mode` (through :meth:`Plan._update`, past
+        the rule for public names: the kernel follows the scale, which may be assigned)."""
         self._kernel_mode = self._softmax[:2]
-        self.__dict__["kernel"] = _attention_kernel(*self._kernel_config, *self._kernel_mode)
+        self._update(kernel=_attention_kernel(*self._kernel_config, *self._kernel_mode))
 
     @property
     def scale(self):
