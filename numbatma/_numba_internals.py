@@ -1246,8 +1246,10 @@ def _simulated_jit(original):
     """The simulator's ``cuda.jit`` taking the GPU's options: ``max_registers``, ``lineinfo``, ``opt``, ``lto``,
     ``link``, ``cache``, ``launch_bounds``, ... are accepted and ignored (they change code generation, not what
     a kernel computes); ``fastmath``, ``debug`` and ``extensions`` go to the simulated kernel; a
-    ``launch_bounds`` carrying a cluster shape (``numbatma.cluster_launch_bounds``) makes it a
-    ``numbatma.cluster_kernel``; any other keyword is refused as the GPU's ``cuda.jit`` refuses it."""
+    ``launch_bounds`` carrying a cluster shape (``numbatma.cluster_launch_bounds``) gives the kernel that
+    shape, as ``numbatma.cluster_kernel`` does (a launch of a multi-CTA cluster shape is refused by
+    :func:`_configured_copy`, in cluster.py's words); any other keyword is refused as the GPU's ``cuda.jit``
+    refuses it."""
 
     def jit(func_or_sig=None, **options):
         unknown = sorted(set(options) - GPU_JIT_OPTIONS)
@@ -1264,10 +1266,8 @@ def _simulated_jit(original):
             if extensions:
                 kernel.extensions = list(extensions)
             dims = getattr(bounds, "cluster_dims", None)
-            if dims is not None and not kept.get("device"):
-                from .cluster import cluster_kernel
-
-                return cluster_kernel(dims)(kernel)
+            if dims is not None and not kept.get("device"):  # (what numbatma.cluster_kernel records there)
+                kernel._numbatma_cluster_dims = tuple(dims)
             return kernel
 
         if func_or_sig is None or isinstance(func_or_sig, (str, list, tuple)) or not callable(func_or_sig):
@@ -1308,6 +1308,13 @@ def _configured_copy(original):
     import copy
 
     def __getitem__(self, configuration):
+        dims = self.__dict__.get("_numbatma_cluster_dims")
+        if dims is not None and dims[0] * dims[1] * dims[2] > 1:  # (cuda.jit(launch_bounds=cluster_launch_bounds))
+            raise NotImplementedError(
+                f"clusters of {dims} CTAs cannot run in Numba's CUDA simulator: it runs the blocks of a grid one "
+                f"after another, so the CTAs of a cluster (which run together and share their shared memory) "
+                f"cannot be simulated. Run this launch on a GPU (compute capability 9.0+), or use clusters of "
+                f"shape (1, 1, 1) in the simulator.")
         return original(copy.copy(self), configuration)
 
     __getitem__._numbatma = True
