@@ -24,7 +24,9 @@ module imports no family module. The engine API - the only names of this module 
   ``block_local(name, factory=dict)`` (a family's own per-block state, created on first use; raises outside a
   simulated kernel), ``shared_allocation(site, shape, dtype)`` (block-shared storage keyed by call site);
 * threads and sites: ``current_thread()``, ``thread_index()``, ``block_size()``, ``who(thread)`` (its
-  threadIdx, for messages), ``caller_site()``, ``describe_site(site)``, ``describe_element(array, index)``;
+  threadIdx, for messages), ``caller_site()``, ``describe_site(site)``, ``describe_element(array, index)``,
+  ``declared_site(array)``, ``call_argument(site, op, position)``, ``describe_array(array, site, op, position)``
+  (an operand as messages name it: its variable, the kernel's spelling, where it was declared);
 * waiting: ``wait_until(ready, describe, key)`` (sleep on channel ``key`` until ``ready`` returns true; part of
   the hang check), ``notify(key)`` (wake the threads waiting on ``key``: after every change that can make a wait
   ready), ``syncthreads()``;
@@ -36,7 +38,7 @@ module imports no family module. The engine API - the only names of this module 
 * hazards: ``add_fill(lo, hi, what, completions)`` (a copy writes shared bytes [lo, hi); readable once one of
   ``completions``, pairs (completion key, phase), is known complete; returns the fill record: its
   ``completions`` list may grow, ``swizzle`` may be set), ``live_fills(lo, hi)``, ``check_store_source(lo, hi,
-  op)`` (the async proxy reads shared bytes: fills complete, generic writes fenced), ``add_store_read(lo, hi,
+  op)`` (the async proxy reads shared bytes: fills complete, generic writes fenced by fences ordered before it), ``add_store_read(lo, hi,
   site)`` (a store reads shared bytes until its bulk group is waited for), ``commit_store_reads(thread, group)``,
   ``retire_store_reads(thread, below)``, ``proxy_fence()`` (``fence.proxy.async``: this thread's generic writes
   are visible to the async proxy);
@@ -115,6 +117,7 @@ class _BlockState:
         self.warps = {}  # warp -> exchange state of warp-synchronous operations
         self.fills = {}  # 128-byte line -> [_Fill]: shared bytes copies write, until a thread may read them
         self.unfenced = set()  # threads with shared writes not yet followed by fence.proxy.async
+        self.fenced = set()  # threads with fenced shared writes (their fences' epochs: see proxy_fence)
         self.reads = []  # _StoreRead: shared bytes a TMA store still reads, until its group is waited for
         self.operand_reads = []  # _OperandRead: shared bytes an async reader (wgmma) reads until its group retires
         self.retirements = {}  # (owner, group) -> {thread: epoch of the wait that retired the group in it}
@@ -769,23 +772,43 @@ def add_fill(lo, hi, what, completions):
         if not unfenced:
             t._numbatma_unfenced = None
             state.unfenced.discard(t)
+    for t in list(state.fenced):
+        fenced = t.__dict__.get("_numbatma_fenced")
+        if fenced:
+            fenced[:] = [r for r in fenced if not (lo <= r[0] and r[1] <= hi)]
+        if not fenced:
+            state.fenced.discard(t)
     return new
+
+
+_MAX_FENCED = 16  # fenced ranges kept per thread (the oldest go first: a missed report, never a false one)
 
 
 def proxy_fence():
     """``fence.proxy.async`` of the calling thread: its generic writes to shared memory so far are visible to
-    the async proxy (a later store from those bytes, after a block barrier, reads them)."""
+    the async proxy - for a reader that the fence is ordered before (a later store or wgmma from those bytes,
+    after a block barrier or an arrival that follows the fence). The fenced ranges keep the fence's epoch, so a
+    fence that comes only after the synchronisation the reader relies on is reported (``check_store_source``)."""
     me = _thread()
-    if me.__dict__.get("_numbatma_unfenced") is not None:
+    unfenced = me.__dict__.get("_numbatma_unfenced")
+    if unfenced is not None:
         me._numbatma_unfenced = None
-        with lock:
-            _block_state().unfenced.discard(me)
+        epoch = knowledge(me).get(("clock", me), 0) + 1
+        site = caller_site()
+        with lock:  # (add_fill drops fenced ranges a copy replaces)
+            fenced = me.__dict__.get("_numbatma_fenced") or []
+            fenced = [r for r in fenced if not any(u[0] <= r[0] and r[1] <= u[1] for u in unfenced)]
+            fenced.extend([u[0], u[1], epoch, site] for u in unfenced)
+            me._numbatma_fenced = fenced[-_MAX_FENCED:]
+            state = _block_state()
+            state.unfenced.discard(me)
+            state.fenced.add(me)
 
 
 def check_store_source(lo, hi, op, name=None):
     """The async proxy (a store ``op``, a wgmma operand) reads shared bytes [lo, hi): the copies that fill
-    them must be known complete, and no thread's generic writes to them may be unfenced. Call it under
-    ``lock``."""
+    them must be known complete, and every thread's generic writes to them fenced (``proxy_fence``) by a fence
+    ordered (happens-before) before this point. Call it under ``lock``."""
     me = _thread()
     _check_read(lo, hi, f"{op} reads", record=False)
     for t in list(_block_state().unfenced):
@@ -798,6 +821,23 @@ def check_store_source(lo, hi, op, name=None):
                     f"may read the old bytes. Every writing thread fences, then a block barrier, then the store"
                     + (f" (the tile: {name})" if name else "")
                 )
+    seen = None
+    for t in list(_block_state().fenced):
+        if t is me:  # (program order)
+            continue
+        for r in t.__dict__.get("_numbatma_fenced") or ():
+            if r[0] < hi and lo < r[1]:
+                if seen is None:
+                    seen = knowledge(me)
+                if seen.get(("clock", t), 0) < r[2]:
+                    raise SimulatedMisuse(
+                        f"thread {who(me)}: {op} from a shared tile that thread {who(t)} wrote (bytes "
+                        f"[{max(r[0], lo) - lo}, {min(r[1], hi) - lo}) of it) and fenced at {r[3][0]}:{r[3][1]} "
+                        f"(fence_proxy_async_shared_cta), but no synchronisation orders that fence before this "
+                        f"read: the writer fences *before* the block barrier (or the arrival) that this thread "
+                        f"passes after it; a fence after the barrier leaves the async proxy free to read the old bytes"
+                        + (f" (the tile: {name})" if name else "")
+                    )
 
 
 def add_store_read(lo, hi, site, name=None):

@@ -51,7 +51,7 @@ RNG = np.random.default_rng()
  NEVER_WAITED) = range(1, 11)
 REFILL_EARLY = 1  # prefetch
 RELEASE_EARLY, COUNT_SMALL = 1, 2  # pipeline
-NO_PROXY_FENCE = 1  # generic_b
+NO_PROXY_FENCE, FENCE_AFTER_BARRIER = 1, 2  # generic_b
 UNFENCED_A = 1  # fragments
 
 
@@ -196,7 +196,8 @@ def pipeline(a_map, b_map, out, bug):
 @cuda.jit
 def generic_b(a_map, b_map, b_src, out, bug):
     """B written by the threads (st.shared, the 32-byte swizzle applied by hand), A by TMA; every writer fences
-    (fence.proxy.async) before the block barrier that precedes the wgmma (bug: nobody fences)."""
+    (fence.proxy.async) before the block barrier that precedes the wgmma (bug 1: nobody fences; bug 2: the fence
+    comes after the barrier, where it orders nothing before the other threads' wgmma)."""
     a_t = cuda.shared.array((64, BK), np.float16, alignment=1024)
     b_t = cuda.shared.array((N, BK), np.float16, alignment=1024)
     bar = cuda.shared.array(1, np.uint64)
@@ -207,9 +208,11 @@ def generic_b(a_map, b_map, b_src, out, bug):
     if tid == 0:
         mbarrier_init(bar, 1)
         fence_mbarrier_init()
-    if bug != NO_PROXY_FENCE:
+    if bug == 0:
         fence_proxy_async_shared_cta()
     cuda.syncthreads()
+    if bug == FENCE_AFTER_BARRIER:
+        fence_proxy_async_shared_cta()
     if tid == 0:
         mbarrier_arrive_expect_tx(bar, a_map.box_bytes)
         tma_load(a_t, a_map, (0, 0), bar)
@@ -363,6 +366,12 @@ CASES = {
         "generic_b", NO_PROXY_FENCE, SimulatedMisuse,
         rf"wgmma from a shared tile that .* wrote .* without fence_proxy_async_shared_cta .*'b_t' \(declared at "
         rf".*{HERE}\); the wgmma at .*{HERE}"),
+    "proxy_fence_after_the_barrier": (
+        # (a thread whose wgmma runs before some writer fenced sees that writer's bytes unfenced)
+        "generic_b", FENCE_AFTER_BARRIER, SimulatedMisuse,
+        rf"wgmma from a shared tile that .* wrote .* (and fenced at .*{HERE} \(fence_proxy_async_shared_cta\), but "
+        rf"no synchronisation orders that fence before this read|without fence_proxy_async_shared_cta).*'b_t' "
+        rf"\(declared at .*{HERE}\); the wgmma at .*{HERE}"),
     "mbarrier_arrival_count_too_small": (
         "pipeline", COUNT_SMALL, SimulatedMisuse,
         rf"mbarrier_arrive: thread \(\d+, 0, 0\) arrives on mbarrier 'empty\[[01]\]' \(declared at .*{HERE}\) in its "
