@@ -369,6 +369,11 @@ def array_layout(array) -> ArrayLayout:
         return array
     if isinstance(array, DeviceView):
         return array.layout  # (its own dtype: a bfloat16 view stays bfloat16)
+    reader = _READERS.get(type(array))
+    if reader is None:
+        reader = _READERS[type(array)] = _reader_for(type(array))
+    if reader is _general_record:  # (one read of the interface for the layout and the read-only flag)
+        return ArrayLayout(*_general_facts(array, readonly=True))
     return ArrayLayout(*layout_facts(array), is_readonly(array))
 
 
@@ -433,19 +438,21 @@ def _general_record(array):
     return ptr, _record(shape, strides, dtype)
 
 
-def _general_facts(array):
-    """:func:`layout_facts` through the simulator's arrays, the CUDA Array Interface or DLPack."""
+def _general_facts(array, readonly=False):
+    """:func:`layout_facts` through the simulator's arrays, the CUDA Array Interface or DLPack (``readonly``: with
+    :func:`is_readonly`'s answer as a fifth entry, read from the same interface)."""
     if isinstance(array, ArrayLayout):
-        return array.ptr, array.shape, array.strides, array.dtype
+        return (array.ptr, array.shape, array.strides, array.dtype) + ((array.readonly,) if readonly else ())
     if isinstance(array, DeviceView):
         lay = array.layout
-        return lay.ptr, lay.shape, lay.strides, lay.dtype
+        return (lay.ptr, lay.shape, lay.strides, lay.dtype) + ((array.readonly,) if readonly else ())
     if SIMULATING:
         host = simulator_memory(array)
         if host is not None:
             check_byte_order(host.dtype)
             return (int(host.__array_interface__["data"][0]), tuple(host.shape),
-                    _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize), host.dtype)
+                    _unit_dims_strides(host.shape, tuple(host.strides), host.dtype.itemsize),
+                    host.dtype) + ((not host.flags.writeable,) if readonly else ())
     try:
         cai = array.__cuda_array_interface__
     except AttributeError:
@@ -453,7 +460,8 @@ def _general_facts(array):
     except Exception:  # e.g. torch refuses the CAI for bfloat16; DLPack below handles it
         cai = None
     if cai is not None:
-        return _cai_facts(cai, array)[:4]
+        facts = _cai_facts(cai, array)
+        return facts if readonly else facts[:4]
     if hasattr(array, "__dlpack__"):
         from cuda.core.utils import StridedMemoryView
 
@@ -481,11 +489,16 @@ def _general_facts(array):
             strides = _c_strides(shape, dtype.itemsize)
         else:
             strides = tuple(int(s) * dtype.itemsize for s in view.strides)
-        return int(view.ptr), shape, _unit_dims_strides(shape, strides, dtype.itemsize), dtype
+        return (int(view.ptr), shape, _unit_dims_strides(shape, strides, dtype.itemsize),
+                dtype) + ((bool(getattr(view, "readonly", False)),) if readonly else ())
     raise TensorMapError(
         f"TensorMap: expected a CUDA array (numba device array, CuPy array, PyTorch tensor: anything with "
         f"__cuda_array_interface__ or __dlpack__), got {type(array).__name__}."
     )
+
+
+_PLAIN_INT = frozenset((int,))  # (exactly int: not bool, whose type is bool; NumPy integers take the longer path)
+_BIG_ENDIAN = (">", "!") if np.little_endian else ()
 
 
 def _is_int(v):
@@ -505,19 +518,23 @@ def _cai_facts(cai, array):
     type string, ``data`` a pair ``(pointer: int, readonly: bool)``, ``strides`` None or one byte stride (an int,
     a multiple of the itemsize) per dimension, ``mask`` None. A malformed field is a :class:`TensorMapError` naming
     it and its value, never an error from NumPy or Python's internals."""
-    if not isinstance(cai, dict):
-        raise _cai_error(array, "the interface", "a dict", cai)
-    for field in ("shape", "typestr", "data"):
-        if field not in cai:
-            raise TensorMapError(
-                f"TensorMap: the __cuda_array_interface__ of the {type(array).__name__} has no {field!r} entry; "
-                f"the interface needs 'shape', 'typestr' and 'data' (got the keys {sorted(map(str, cai))})."
-            )
-    shape = cai["shape"]
-    if not isinstance(shape, (tuple, list)) or not all(_is_int(n) and n >= 0 for n in shape):
+    try:
+        shape, typestr, data = cai["shape"], cai["typestr"], cai["data"]
+    except (KeyError, TypeError):
+        if not isinstance(cai, dict):
+            raise _cai_error(array, "the interface", "a dict", cai) from None
+        field = next(f for f in ("shape", "typestr", "data") if f not in cai)
+        raise TensorMapError(
+            f"TensorMap: the __cuda_array_interface__ of the {type(array).__name__} has no {field!r} entry; "
+            f"the interface needs 'shape', 'typestr' and 'data' (got the keys {sorted(map(str, cai))})."
+        ) from None
+    if type(shape) is tuple and _PLAIN_INT.issuperset(map(type, shape)):  # (the usual case: one pass in C)
+        if shape and min(shape) < 0:
+            raise _cai_error(array, "'shape'", "a tuple of ints >= 0", shape)
+    elif not isinstance(shape, (tuple, list)) or not all(_is_int(n) and n >= 0 for n in shape):
         raise _cai_error(array, "'shape'", "a tuple of ints >= 0", shape)
-    shape = tuple(int(n) for n in shape)
-    typestr = cai["typestr"]
+    else:
+        shape = tuple(int(n) for n in shape)
     if not isinstance(typestr, str):
         raise _cai_error(array, "'typestr'", "a NumPy type string such as '<f4'", typestr)
     try:
@@ -529,11 +546,13 @@ def _cai_facts(cai, array):
     if dtype is None:
         raise TensorMapError(f"TensorMap: unsupported element type {typestr!r} (the interface's 'typestr' must be a "
                              f"NumPy type string such as '<f4').")
-    check_byte_order(dtype, typestr)
-    data = cai["data"]
-    if (not isinstance(data, (tuple, list)) or len(data) != 2 or not _is_int(data[0]) or data[0] < 0
-            or not isinstance(data[1], (bool, np.bool_))):
-        raise _cai_error(array, "'data'", "a pair (pointer: an int >= 0, read-only flag: a bool)", data)
+    if typestr[:1] in _BIG_ENDIAN or not dtype.isnative:
+        check_byte_order(dtype, typestr)
+    if (type(data) is not tuple or len(data) != 2 or type(data[0]) is not int or data[0] < 0
+            or type(data[1]) is not bool):
+        if (not isinstance(data, (tuple, list)) or len(data) != 2 or not _is_int(data[0]) or data[0] < 0
+                or not isinstance(data[1], (bool, np.bool_))):
+            raise _cai_error(array, "'data'", "a pair (pointer: an int >= 0, read-only flag: a bool)", data)
     ptr, readonly = int(data[0]), bool(data[1])
     if cai.get("mask") is not None:
         raise TensorMapError(
@@ -544,18 +563,24 @@ def _cai_facts(cai, array):
     itemsize = dtype.itemsize
     if strides is None:
         strides = _c_strides(shape, itemsize)
+        if 1 in shape:
+            strides = _unit_dims_strides(shape, strides, itemsize)
     else:
-        if not isinstance(strides, (tuple, list)) or not all(_is_int(st) for st in strides):
+        if type(strides) is tuple and _PLAIN_INT.issuperset(map(type, strides)):
+            pass
+        elif not isinstance(strides, (tuple, list)) or not all(_is_int(st) for st in strides):
             raise _cai_error(array, "'strides'", "None or a tuple of ints (bytes)", strides)
-        strides = tuple(int(st) for st in strides)
+        else:
+            strides = tuple(int(st) for st in strides)
         if len(strides) != len(shape):
             raise TensorMapError(
                 f"TensorMap: the __cuda_array_interface__ of the {type(array).__name__} is malformed: 'strides' "
                 f"{strides} has {len(strides)} entries but 'shape' {shape_str(shape)} has {len(shape)}; the interface "
                 f"gives one byte stride per dimension."
             )
-        strides = _unit_dims_strides(shape, strides, itemsize)
-        if 0 not in shape:
+        if 1 in shape:
+            strides = _unit_dims_strides(shape, strides, itemsize)
+        if itemsize > 1 and 0 not in shape and any(st % itemsize for st in strides):
             for axis, st in enumerate(strides):
                 if st % itemsize:
                     raise TensorMapError(
