@@ -5,10 +5,14 @@ Here, once:
 
 * the array intake: :func:`array_layout` reads pointer, shape, byte strides and dtype from any CUDA array
   (CUDA Array Interface, DLPack, the simulator's arrays; torch tensors through their methods), into an
-  :class:`ArrayLayout` (:func:`layout_facts`: the same as a plain tuple);
+  :class:`ArrayLayout` (:func:`layout_facts`: the same as a plain tuple). The interface's fields are checked
+  (:func:`_cai_facts`: a missing or ill-typed field, strides of the wrong length or not whole elements, a mask),
+  big-endian elements refused (:func:`check_byte_order`), and whether the exporter marked the memory read-only is
+  recorded (:func:`is_readonly`, ``ArrayLayout.readonly``: the plans refuse such an output);
 * the element mapping: NumPy dtype -> driver data type (``_TMA_DTYPE``; float8 travels as its bytes), and the
   element type kernels see (:func:`numba_dtype`);
-* the options every mode takes (``swizzle``, ``oob_fill``, ``l2_promotion``, ``interleave``, ``tf32``) and the
+* the options every mode takes (``swizzle``, ``oob_fill``, ``l2_promotion``, ``interleave``: :func:`coerce_enum`;
+  ``tf32``: :func:`flag_option`, True or False only) and the
   layout rules of every ``cuTensorMapEncode*`` (data type, address and stride alignment, extents, fill):
   :func:`validate_layout` and :func:`validate_oob_fill`, whose messages start with the descriptor's class name;
 * the encoding, one path per product: the by-value 128-byte ``TensorMapDescriptor`` through cuda.core
@@ -21,7 +25,7 @@ Everything speaks the array's own index order (NumPy/row-major: the last axis is
 The driver wants the reverse; that reversal happens in one place, :meth:`TMADescriptor._driver_args`.
 
 The public names defined here (:class:`TensorMapError`, the option enums, :class:`ArrayLayout`,
-:class:`DeviceView`, :func:`array_layout`, ``SUPPORTED_DTYPES``) are exported by :mod:`numbatma.tensormap`,
+:class:`DeviceView`, :func:`array_layout`, :func:`is_readonly`, ``SUPPORTED_DTYPES``) are exported by :mod:`numbatma.tensormap`,
 which is where users import them from. Imports nothing of numbatma but the leaves ``_env``, ``_shapes`` and
 ``devices`` (where each descriptor's device comes from: :func:`numbatma.array_device` of its array; it is recorded
 on every encoding path and checked at launch).
