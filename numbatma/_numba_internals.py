@@ -1234,11 +1234,8 @@ GPU_JIT_OPTIONS = frozenset({
     "device", "inline", "forceinline", "link", "debug", "opt", "lineinfo", "cache", "launch_bounds", "lto",
     "shared_memory_carveout", "fastmath", "extensions", "max_registers", "boundscheck",
 })
-SHAPE_RULE = ("the shape must be a compile-time constant: an integer literal, a global or closure constant, or a "
-              "tuple of those (not a value computed in the kernel, read from an argument or chosen by a branch)")
-INDEX_RULE = ("the register index must be a compile-time constant: an integer literal, a global or closure "
-              "constant (not a loop variable or a value computed in the kernel); write the registers out with "
-              "constant indices, or use wgmma_map / wgmma_row_reduce to visit every register")
+from .errors import INDEX_RULE, SHAPE_RULE  # noqa: E402 - (the rules both the typers and the simulator state)
+
 _sim_launch_lock = threading.RLock()
 
 

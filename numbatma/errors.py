@@ -25,6 +25,14 @@ import threading
 
 from numba.core import errors as _numba_errors
 
+# Compile-time-constant rules that numba's typing enforces and the simulator enforces too (numbatma/_numba_internals.py,
+# hooks 4 and 7), in one wording for both.
+SHAPE_RULE = ("the shape must be a compile-time constant: an integer literal, a global or closure constant, or a "
+              "tuple of those (not a value computed in the kernel, read from an argument or chosen by a branch)")
+INDEX_RULE = ("the register index must be a compile-time constant: an integer literal, a global or closure "
+              "constant (not a loop variable or a value computed in the kernel); write the registers out with "
+              "constant indices, or use wgmma_map / wgmma_row_reduce to visit every register")
+
 _state = threading.local()
 _OWN_DIRS = None
 
