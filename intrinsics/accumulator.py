@@ -41,6 +41,8 @@ the quad's values through the simulator's warp shuffle.
 """
 from __future__ import annotations
 
+import types as _pytypes
+
 import numpy as np
 
 from ._asm import Ptx
@@ -151,7 +153,20 @@ def _sim_accumulator(op, acc):
     acc._ready(f"{op} reads")
 
 
+def _sim_device_function(op, fn):
+    """The GPU refuses a plain Python function where a device function goes (numba cannot type it: hook 9 of
+    numbatma/_numba_internals.py); the simulator says the same at the kernel's line."""
+    if isinstance(fn, _pytypes.FunctionType):
+        s = sim()
+        site = s.caller_site()
+        raise s.SimulatedTypingError(
+            f"{site[0]}:{site[1]}: {op}: '{fn.__name__}' is a plain Python function, which a kernel can neither call "
+            f"nor pass on (to wgmma_map, wgmma_row_reduce, ...): make it a device function with "
+            f"@cuda.jit(device=True) (inline=\"always\" for a small one)")
+
+
 def _sim_map(acc, fn, extra):
+    _sim_device_function("wgmma_map", fn)
     _sim_accumulator("wgmma_map", acc)
     thread = sim().thread_index() % 128
     values = acc.values.copy()
@@ -161,6 +176,7 @@ def _sim_map(acc, fn, extra):
 
 
 def _sim_row_reduce(acc, fn, init):
+    _sim_device_function("wgmma_row_reduce", fn)
     s = sim()
     _sim_accumulator("wgmma_row_reduce", acc)
     rows = [np.float32(init), np.float32(init)]

@@ -187,3 +187,50 @@ def test_pipeline_method_arity(bug, words):
     out = np.zeros(1, np.int32)
     pipeline_misuse[1, 1](out, 0)
     assert out[0] == 2
+
+
+# -- a plain Python function where a device function goes (the GPU: tests/test_typing_messages_cpu.py) -------------
+def _plain_register(x, half, col, extra):
+    return x + extra
+
+
+def _plain_max(a, b):
+    return max(a, b)
+
+
+@cuda.jit(device=True)
+def _device_register(x, half, col, extra):
+    return x + extra
+
+
+def _map_kernel(out, n):
+    from numbatma.intrinsics import wgmma_map, wgmma_zeros
+
+    acc = wgmma_map(wgmma_zeros(64), _plain_register, 1.0)  # <- map
+    out[0] = acc[0]
+
+
+def _reduce_kernel(out, n):
+    from numbatma.intrinsics import wgmma_row_reduce, wgmma_zeros
+
+    lo, hi = wgmma_row_reduce(wgmma_zeros(64), _plain_max, 0.0)  # <- reduce
+    out[0] = lo
+
+
+@pytest.mark.parametrize("kernel,op,line", [(_map_kernel, "wgmma_map", "map"),
+                                            (_reduce_kernel, "wgmma_row_reduce", "reduce")])
+def test_a_plain_python_function_is_refused_as_the_gpu_refuses_it(kernel, op, line):
+    filename, number = pk.line_of(kernel, f"# <- {line}")
+    with pytest.raises(SimulatedTypingError, match=rf"{re.escape(filename)}:{number}: {op}: '_plain_\w+' is a plain "
+                                                   r"Python function.*@cuda.jit\(device=True\)"):
+        _launch(kernel)
+
+
+def test_a_device_function_runs_in_wgmma_map():
+    from numbatma.intrinsics import wgmma_map, wgmma_zeros
+
+    def kernel(out, n):
+        acc = wgmma_map(wgmma_zeros(64), _device_register, 2.5)
+        out[0] = acc[0]
+
+    assert _launch(kernel)[0] == 2.5
