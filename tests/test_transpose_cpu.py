@@ -229,7 +229,7 @@ def test_padded_rows_are_fine():
         (dict(stages=0), ["stages must be an integer in 1..16"]),
         (dict(out_stages=1), ["out_stages must be an integer in 2..8"]),
         (dict(consumer_warps=0), ["consumer_warps"]),
-        (dict(order="diagonal"), ["order must be one of"]),
+        (dict(order="diagonal"), ["order must be 'src' or 'dst', got 'diagonal'"]),
         (dict(ctas_per_sm=0), ["ctas_per_sm"]),
     ],
 )
