@@ -229,8 +229,9 @@ def test_scale_assigned_after_building_switches_the_kernel():
 
 # The default (fused, positive) kernel's instruction mix, measured before issue 22's change (at 2c225e5, this
 # toolchain) for Attention(*arrays(d=128, hk=2)): the scale modes must add nothing to it. (Re-measure only for a
-# deliberate change of the kernel or of the toolchain.)
-DEFAULT_MIX = {"total": 3656, "FFMA": 159, "FMUL": 140, "FADD": 146, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 138,
+# deliberate change of the kernel or of the toolchain.) The total is not compared: it moves with the nvJitLink
+# version (3656 here, 3648 with the GPU image's), the floating-point operations the softmax is made of do not.
+DEFAULT_MIX = {"FFMA": 159, "FMUL": 140, "FADD": 146, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 138,
                "MUFU.RCP": 13}
 DEFAULT_PTX_MIX = {"ex2.approx.f32": 132, "fma.rn.f32": 28, "max.f32": 140, "mul.f32": 268, "sub.f32": 132,
                    "add.f32": 142, "selp.f32": 138}
@@ -241,7 +242,7 @@ def _mix(d, scale, causal=False, schedule=None):
     sass = nbc.sass(nbc.compile_cubin(plan.kernel.py_func, plan.args, max_registers=MAX_REGISTERS))
     ops = [line.split("*/")[1].split(";")[0].split()[0] for line in sass.splitlines()
            if "*/" in line and line.split("*/")[1].strip()]
-    mix = {name: ops.count(name) for name in DEFAULT_MIX if name != "total"}
+    mix = {name: ops.count(name) for name in DEFAULT_MIX}
     mix["total"] = len(ops)
     return plan, sass, mix
 
@@ -249,7 +250,7 @@ def _mix(d, scale, causal=False, schedule=None):
 def test_default_mode_instruction_mix_is_unchanged():
     plan, sass, mix = _mix(128, None)
     assert plan._kernel_mode == ("fused", False)
-    assert mix == DEFAULT_MIX
+    assert {name: mix[name] for name in DEFAULT_MIX} == DEFAULT_MIX
     ptx = nbc.compile_ptx(plan.kernel.py_func, plan.args)
     ptx = ptx if isinstance(ptx, str) else ptx[0]
     ops = [line.split()[0] for line in ptx.splitlines() if line.startswith("\t") and line.split()]
@@ -272,7 +273,7 @@ def test_every_scale_mode_compiles(d, scale, causal, schedule):
     if mode == "zero":  # S is never read (every logit is 0): the compiler drops Q Kᵀ (its D / 16 k-steps at each
         f32 = [op for op in _ops(sass) if op.endswith(".F32")]  # site), P V stays as it was
         assert len(f32) == sum(op.endswith(".F32") for op in default_ops) - sites * (d // 16)
-        assert mix["total"] < DEFAULT_MIX["total"]
+        assert mix["total"] < _mix(d, None, causal, schedule)[2]["total"]
         return
     assert _ops(sass) == default_ops
     assert mix["MUFU.EX2"] == (plan.config.bn // 2 + 2) * sites  # P (bn / 2 per thread) and the two factors f

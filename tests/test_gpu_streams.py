@@ -131,5 +131,9 @@ def test_function_forms_cached_plans_same_new_and_first_arrays_again():
         assert (o.float() - ref).abs().max() <= 2 * 2.0 ** -7 * v.float().abs().max()
     assert len({id(lse) for lse in lses}) == 4  # (each call its own lse)
     info = plan_cache_info()
-    assert (info["hits"], info["misses"], info["rebind_failed"]) == (9, 3, 0)
+    # (a key holds each array's address % 1024: the second set of tensors is a second key of a form - a miss - where
+    # torch's allocator placed it at another offset; every other call is a hit)
+    keys = sum(len({tuple(t.data_ptr() % 1024 for t in group(i)) for i in (0, 1)}) for group in (
+        lambda i: sets[i], lambda i: mats[i], lambda i: qkvo[i]))
+    assert (info["hits"], info["misses"], info["rebind_failed"]) == (12 - keys, keys, 0)
     clear_plan_cache()
