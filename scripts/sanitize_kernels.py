@@ -139,7 +139,7 @@ def main():
             check(f"Gemm {layout} {options}", c.copy_to_host().astype(np.float64), ref, rtol=2e-2, atol=5e-2)
         return run
 
-    def attention(causal):
+    def attention(causal, scale=None):
         def run():
             import sys as _sys
             import os as _os
@@ -149,12 +149,14 @@ def main():
 
             q, k, v = (data(s, np.float16) for s in ((1, 2, 100, 64), (1, 1, 70, 64), (1, 1, 70, 64)))
             o = cuda.to_device(np.full(q.shape, np.nan, np.float16))
-            plan = Attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), o, causal=causal, bn=64)
+            plan = Attention(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), o, causal=causal, bn=64,
+                             scale=scale)
             _, lse = plan.launch()
             cuda.synchronize()
             ref, ref_lse = attention_reference(q, k, v, causal, plan.scale)
-            check(f"Attention causal={causal}", o.copy_to_host().astype(np.float64), ref, rtol=1e-2, atol=1e-2)
-            check(f"Attention causal={causal} lse", lse.copy_to_host().astype(np.float64), ref_lse, rtol=1e-3, atol=1e-3)
+            name = f"Attention causal={causal} scale={plan.scale:.3g}"
+            check(name, o.copy_to_host().astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+            check(f"{name} lse", lse.copy_to_host().astype(np.float64), ref_lse, rtol=1e-3, atol=1e-3)
         return run
 
     case("tma_copy", copy)
@@ -169,6 +171,8 @@ def main():
     case("Gemm nk not warp-specialized", gemm("nk", warp_specialized=False))
     case("Attention", attention(False))
     case("Attention causal", attention(True))
+    for scale in (-0.3, 0.0, 2.0):  # (the other softmax modes: negative, zero, exact)
+        case(f"Attention scale={scale}", attention(True, scale))
     if not numbatma.SIMULATING:  # (the simulator runs one-CTA clusters only)
         case("Gemm nk cluster of 2", gemm("nk", cluster_m=2))
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all kernels OK'}", flush=True)
