@@ -223,11 +223,17 @@ def _add(a, b):
 
 
 @cuda.jit(device=True, inline="always")
-def _mask(s, half, col, limits):
-    """-inf where key ``kv0 + col`` is past the keys (``>= sk``) or, causal, after the row's query."""
+def _masked(half, col, limits):
+    """Whether key ``kv0 + col`` is past the keys (``>= sk``) or, causal, after the row's query."""
     kv0, sk, row0, causal = limits
     key = kv0 + col
-    if key >= sk or (causal and key > row0 + 8 * half):
+    return key >= sk or (causal and key > row0 + 8 * half)
+
+
+@cuda.jit(device=True, inline="always")
+def _mask(s, half, col, limits):
+    """-inf where :func:`_masked`."""
+    if _masked(half, col, limits):
         return NEG_INF
     return s
 
@@ -235,19 +241,15 @@ def _mask(s, half, col, limits):
 @cuda.jit(device=True, inline="always")
 def _mask_above(s, half, col, limits):
     """:func:`_mask` with +inf (a negative scale: the row's extremum is its raw minimum, and +inf · scale = -inf)."""
-    kv0, sk, row0, causal = limits
-    key = kv0 + col
-    if key >= sk or (causal and key > row0 + 8 * half):
+    if _masked(half, col, limits):
         return POS_INF
     return s
 
 
 @cuda.jit(device=True, inline="always")
 def _mask_uniform(s, half, col, limits):
-    """scale 0: every logit 0, and -inf where :func:`_mask` masks (every key weighs exp2(0) = 1 or nothing)."""
-    kv0, sk, row0, causal = limits
-    key = kv0 + col
-    if key >= sk or (causal and key > row0 + 8 * half):
+    """scale 0: every logit 0, and -inf where :func:`_masked` (every key weighs exp2(0) = 1 or nothing)."""
+    if _masked(half, col, limits):
         return NEG_INF
     return ZERO
 
