@@ -25,6 +25,8 @@ from . import (
     swizzle,
     tma,
     warp,
+    wgmma_epilogue,
+    wgmma_operands,
 )
 from . import _debug as _debug_family  # bounded waits and runtime checks of the debug build (NUMBATMA_DEBUG=1)
 from . import wgmma as _wgmma_family  # (the name wgmma is the intrinsic)
@@ -32,7 +34,7 @@ from ._define import add_ptx_sections as _add_ptx_sections
 
 #: The PTX families, one module each: their ``__all__`` is this package's API, their ``PTX`` tables ``all_ptx()``.
 FAMILIES = (mbarrier, tma, fence, async_copy, warp, pipeline, smem, cache, bulk, cluster, cluster_copy, descriptor,
-            im2col, swizzle, mma, _wgmma_family, accumulator, griddep)
+            im2col, swizzle, mma, wgmma_operands, _wgmma_family, wgmma_epilogue, accumulator, griddep)
 
 __all__ = []
 for _module in FAMILIES:

@@ -20,7 +20,7 @@ from numbatma import TensorMap, TensorMapError
 from numbatma import compile as nbc
 from numbatma.intrinsics import all_ptx
 from numbatma.intrinsics._asm import UnsupportedTarget, check_targets
-from numbatma.intrinsics.wgmma import (
+from numbatma.intrinsics import (
     wgmma,
     wgmma_a_fragments,
     wgmma_add_bias,
@@ -40,6 +40,8 @@ import wgmma_kernels as K
 from fakes import FakeCudaArray
 
 W = importlib.import_module("numbatma.intrinsics.wgmma")  # (the module; numbatma.intrinsics.wgmma is the intrinsic)
+E = importlib.import_module("numbatma.intrinsics.wgmma_epilogue")  # (the accumulator helpers' PTX)
+O = importlib.import_module("numbatma.intrinsics.wgmma_operands")  # (the matrix descriptors' layouts)
 f32, u32, i64 = types.float32, types.uint32, types.int64
 
 
@@ -70,20 +72,20 @@ def test_ptx_text_of_representative_variants():
     assert W.fence_ptx("f32", 64).render().startswith("wgmma.fence.sync.aligned;")
     assert W.wait_ptx("b32", 8).render(n=1).startswith("wgmma.wait_group.sync.aligned 1;")
     assert W.COMMIT.render().startswith("wgmma.commit_group.sync.aligned;")
-    assert W._STMATRIX[4].render() .startswith("stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};")
-    assert W._STMATRIX[2].render() .startswith("stmatrix.sync.aligned.m8n8.x2.shared.b16 [$0], {$1, $2};")
+    assert E._STMATRIX[4].render() .startswith("stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};")
+    assert E._STMATRIX[2].render() .startswith("stmatrix.sync.aligned.m8n8.x2.shared.b16 [$0], {$1, $2};")
     # cvt.rn.bf16x2.f32 d, a, b puts a in the upper half: hi first
-    assert W._PACK["bf16"].render() == "cvt.rn.bf16x2.f32 $0, $1, $2;" and W._PACK["bf16"].ins[0][0] == "hi"
+    assert E._PACK["bf16"].render() == "cvt.rn.bf16x2.f32 $0, $1, $2;" and E._PACK["bf16"].ins[0][0] == "hi"
     assert len(W.MMA) == 32 * 12 * 2  # every N x 12 (A, B, D) combinations x A source
 
 
 def test_every_ptx_is_registered():
     everything = all_ptx()
-    for name, p in W.PTX.items():
+    for name, p in {**W.PTX, **E.PTX}.items():
         assert everything[name] is p, name
-    listed = {id(p) for p in W.PTX.values()}
-    for p in [*W.MMA.values(), W.COMMIT, *W._STMATRIX.values(), *W._PACK.values(), W._THREAD_X]:
-        assert id(p) in listed or any(q.text == p.text for q in W.PTX.values()), p.text
+    listed = {id(p) for p in {**W.PTX, **E.PTX}.values()}
+    for p in [*W.MMA.values(), W.COMMIT, *E._STMATRIX.values(), *E._PACK.values(), E._THREAD_X]:
+        assert id(p) in listed or any(q.text == p.text for q in {**W.PTX, **E.PTX}.values()), p.text
     # the fence / wait of any register count has the text of a registered one (the target check goes by the text)
     assert W.fence_ptx("b32", 37).marker == W.fence_ptx("f32", 4).marker
 
@@ -117,7 +119,7 @@ def test_every_wgmma_instruction_links_for_sm_90a_only():
                                                         rf"{target}; PTX has it on sm_90a only.*mma_m16n8k16"):
                 check_targets(p.render(**{n: 0 for n in p.imm}), target, {name: p})
     # the helpers' instructions exist everywhere numbatma compiles for (stmatrix from sm_90)
-    helpers = [W._PACK["bf16"], W._PACK["f16"], W._STMATRIX[4], W._STMATRIX[2], W._THREAD_X]
+    helpers = [E._PACK["bf16"], E._PACK["f16"], E._STMATRIX[4], E._STMATRIX[2], E._THREAD_X]
     for target in ("sm_90a", "sm_100a", "sm_120a"):
         assert nbc.link_cubin(_module(helpers).replace("TARGET", target), arch=target)[:4] == b"\x7fELF"
 
@@ -171,7 +173,7 @@ def _canonical_offset(layout, mn, k):
     """Element offset of (mn, k) in the PTX ISA's canonical layouts ("Canonical Layouts", before the swizzle) with
     T = 16 bytes of elements, S = span / 16, and the descriptor's LBO / SBO (elements)."""
     t = 16 // layout.itemsize
-    fields = W.descriptor_fields(layout)
+    fields = O.descriptor_fields(layout)
     lbo = ((fields >> 16) & 0x3FFF) * 16 // layout.itemsize
     sbo = ((fields >> 32) & 0x3FFF) * 16 // layout.itemsize
     s = layout.swizzle // 16
@@ -192,7 +194,7 @@ def test_descriptors_follow_the_canonical_layouts(kind, major, swizzle):
     itemsize = K.ITEMSIZE[kind]
     width = (swizzle or 16) // itemsize
     rows, groups = 64, 4
-    layout = W.OperandLayout(kind, major, swizzle, groups, rows, width, itemsize)
+    layout = O.OperandLayout(kind, major, swizzle, groups, rows, width, itemsize)
     kstep = K.KSTEP[kind]
     for mn in range(layout.mn_extent):
         for k in range(layout.k_extent):
@@ -201,7 +203,7 @@ def test_descriptors_follow_the_canonical_layouts(kind, major, swizzle):
             k_in = k - (k // width) * width if major == "K" and swizzle else k
             base = layout.byte_offset(0, k - k_in) // itemsize if major == "K" and swizzle else 0
             assert layout.byte_offset(mn, k) // itemsize == base + _canonical_offset(layout, mn, k_in), (mn, k)
-    fields = W.descriptor_fields(layout)
+    fields = O.descriptor_fields(layout)
     assert fields >> 62 == {0: 0, 128: 1, 64: 2, 32: 3}[swizzle]
     if major == "K" and swizzle:
         assert (fields >> 16) & 0x3FFF == 1  # "not used, assumed to be 1"
@@ -210,8 +212,8 @@ def test_descriptors_follow_the_canonical_layouts(kind, major, swizzle):
 def test_descriptor_of_the_isa_example():
     """PTX ISA example "K-Major, no-swizzling and tf32 type": LBO 64 * 4 bytes (encoded 16) when the next 16-byte
     column is 64 elements on; SBO 32 * 4 bytes (encoded 8) for the next 8 rows."""
-    layout = W.OperandLayout("tf32", "K", 0, 2, 16, 4, 4)  # two 16 x 4 boxes: the next column 16 * 4 elements on
-    fields = W.descriptor_fields(layout)
+    layout = O.OperandLayout("tf32", "K", 0, 2, 16, 4, 4)  # two 16 x 4 boxes: the next column 16 * 4 elements on
+    fields = O.descriptor_fields(layout)
     assert (fields >> 16) & 0x3FFF == 16 and (fields >> 32) & 0x3FFF == 8
 
 
@@ -227,8 +229,8 @@ def test_fp8_tensormaps():
     other = TensorMap(raw, (64, 64), swizzle=64, element="e5m2").numba_type
     plain = TensorMap(raw, (64, 64), swizzle=64).numba_type
     assert len({ty, other, plain}) == 3 and plain.element is None
-    assert W.operand_kind(ty.tma_dtype, ty.element) == "e4m3" and W.operand_kind(other.tma_dtype, other.element) \
-        == "e5m2" and W.operand_kind(plain.tma_dtype, plain.element) is None
+    assert O.operand_kind(ty.tma_dtype, ty.element) == "e4m3" and O.operand_kind(other.tma_dtype, other.element) \
+        == "e5m2" and O.operand_kind(plain.tma_dtype, plain.element) is None
     assert TensorMap(FakeCudaArray((64, 128), np.int8), (64, 64), element="e5m2").element == "e5m2"
     # float8 arrays imply their element (what ml_dtypes / torch float8 data are)
     for dtype, element in ((ml_dtypes.float8_e4m3fn, "e4m3"), (ml_dtypes.float8_e5m2, "e5m2")):

@@ -50,13 +50,13 @@ def test_rounding_to_nearest_even():
     """What wgmma_a_fragments packs (the simulator's cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32) and the references'
     rounding are ml_dtypes' round-to-nearest-even: ties, subnormals, signed zero."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    W = importlib.import_module("numbatma.intrinsics.wgmma")
+    E = importlib.import_module("numbatma.intrinsics.wgmma_epilogue")
     x = RNG.standard_normal(1000).astype(np.float32)
     x[:5] = [1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 2.0 ** -130, -0.0, 1.0 + 2.0 ** -11]
     for kind, dtype in (("bf16", ml_dtypes.bfloat16), ("f16", np.float16)):
         want = x.astype(dtype).view(np.uint16)
         np.testing.assert_array_equal(K.to_bits(x, kind), want)
-        np.testing.assert_array_equal(W._round_bits(x, kind), want)
+        np.testing.assert_array_equal(E._round_bits(x, kind), want)
 
 
 # -- misuse ------------------------------------------------------------------------------------------------------------
