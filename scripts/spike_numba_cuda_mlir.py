@@ -84,7 +84,7 @@ def case_a2():
     try:
         from llvmlite import ir as llir
     except ImportError as exc:
-        _report("a2 @intrinsic + llvmlite ir.InlineAsm", False, f"llvmlite is not even installed with "
+        _report("a2 llvmlite import", False, f"llvmlite is not even installed with "
                 f"numba-cuda-mlir ({_first_line(exc)})")
         llir = None
     from numba_cuda_mlir import cuda, types
