@@ -14,7 +14,7 @@ import pytest
 
 import fakes
 import numbatma
-from numbatma import DeviceView, TensorMap, TensorMapError, _descriptor_base, array_layout, devices, streams
+from numbatma import DeviceView, TensorMap, TensorMapError, _descriptor_base, _intake, array_layout, devices, streams
 from numbatma import _numba_internals as internals
 from numbatma.kernels import (NotRebindable, Plan, StreamCopy, _launch, _plan, _plan_cache, clear_plan_cache,
                               plan_cache_info, stream_copy)
@@ -30,7 +30,7 @@ def two_gpus(monkeypatch):
     66; a stand-in torch whose tensors say their device (``get_device()``) and whose current stream on device ``i``
     is ``0x100 + i``; no peer access yet; an empty plan cache."""
     monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch(current_stream=lambda index: 0x100 + index))
-    monkeypatch.setattr(_descriptor_base, "_READERS", {})
+    monkeypatch.setattr(_intake, "_READERS", {})
     devices.DEVICE_READERS.clear()  # (the plan cache holds this dict: cleared in place)
     monkeypatch.setattr(devices, "_COUNT", [2])
     monkeypatch.setattr(devices, "_PEERS", set())

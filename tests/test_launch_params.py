@@ -168,10 +168,10 @@ def test_descriptor_and_view_re_pointed_read_as_fresh_ones():
 # -- the function forms: re-pointed at new tensors, they launch what a fresh plan launches -------------------------
 @pytest.fixture
 def torch_like(monkeypatch):
-    from numbatma import _descriptor_base
+    from numbatma import _intake
 
     monkeypatch.setitem(sys.modules, "torch", fakes.fake_torch())
-    monkeypatch.setattr(_descriptor_base, "_READERS", {})
+    monkeypatch.setattr(_intake, "_READERS", {})
 
 
 def _tensors(base):

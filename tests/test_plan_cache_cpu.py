@@ -326,11 +326,11 @@ def test_gemm_function_form_is_cached(offline):
 @pytest.fixture
 def torch_like(monkeypatch):
     """A stand-in torch module (tests/fakes.py) loaded, the intake's per-class readers forgotten."""
-    from numbatma import _descriptor_base
+    from numbatma import _intake
 
     module = fakes.fake_torch()
     monkeypatch.setitem(sys.modules, "torch", module)
-    monkeypatch.setattr(_descriptor_base, "_READERS", {})
+    monkeypatch.setattr(_intake, "_READERS", {})
     return module
 
 
@@ -344,10 +344,10 @@ def tt(shape, dtype="float32", ptr=1 << 20, strides=None, **kw):
     ((8,), "int64", None), ((2, 3, 4), "float64", (48, 4, 1))])
 def test_torch_tensors_are_read_through_their_methods_as_their_interface_says(torch_like, monkeypatch, shape, dtype,
                                                                              strides):
-    from numbatma import _descriptor_base
+    from numbatma import _intake
 
     t = tt(shape, dtype, ptr=(1 << 30) + 512, strides=strides)
-    expected = _descriptor_base._general_facts(t)  # (through torch's __cuda_array_interface__)
+    expected = _intake._general_facts(t)  # (through torch's __cuda_array_interface__)
     monkeypatch.setattr(fakes.FakeTorchTensor, "__cuda_array_interface__", property(lambda self: 1 / 0))
     assert numbatma.layout_facts(t) == expected and numbatma.layout_facts(t) == expected  # (the second: remembered)
     assert array_layout(t) == numbatma.ArrayLayout(*expected)
@@ -355,7 +355,7 @@ def test_torch_tensors_are_read_through_their_methods_as_their_interface_says(to
 
 @pytest.mark.parametrize("case", ["requires_grad", "cpu", "empty", "complex", "subclass"])
 def test_torch_tensors_off_the_fast_path_read_as_before(torch_like, case):
-    from numbatma import _descriptor_base
+    from numbatma import _intake
 
     class Sub(fakes.FakeTorchTensor):
         pass
@@ -364,7 +364,7 @@ def test_torch_tensors_off_the_fast_path_read_as_before(torch_like, case):
          "empty": lambda: tt((0, 4)), "complex": lambda: tt((4, 4), "complex64"),
          "subclass": lambda: Sub((4, 4), "float32")}[case]()
     try:
-        expected = _descriptor_base._general_facts(t)
+        expected = _intake._general_facts(t)
     except Exception as exc:  # noqa: BLE001
         with pytest.raises(type(exc), match=re.escape(str(exc)[:40])):
             numbatma.layout_facts(t)
@@ -377,15 +377,15 @@ def test_numba_device_arrays_are_read_through_their_attributes():
 
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    from numbatma import _descriptor_base
+    from numbatma import _intake
 
     memory = types.SimpleNamespace(device_ctypes_pointer=ctypes.c_void_p(1 << 30))  # (no driver needed)
     for shape, strides in [((64, 32), (128, 4)), ((1, 64, 3), (5, 12, 4)), ((64, 3), (4, 256))]:
         a = DeviceNDArray(shape, strides, np.float32, gpu_data=memory)
-        assert numbatma.layout_facts(a) == _descriptor_base._general_facts(a) == (1 << 30, shape, _descriptor_base.
+        assert numbatma.layout_facts(a) == _intake._general_facts(a) == (1 << 30, shape, _intake.
                                                                                   _unit_dims_strides(shape, strides, 4),
                                                                                   np.dtype(np.float32))
-    assert _descriptor_base._reader_for(DeviceNDArray) is _descriptor_base._numba_record
+    assert _intake._reader_for(DeviceNDArray) is _intake._numba_record
 
 
 class _Prepared:
