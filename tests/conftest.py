@@ -5,6 +5,21 @@ import pytest
 
 from gpuinfo import gpu_reason
 
+# The quick subset (``pytest -m quick``): host-side rules and validation, plan rules, the PTX registry and a few
+# link / SASS checks, and a few simulator files (as tests/test_simulator.py's subprocess tests and, run directly
+# under NUMBA_ENABLE_CUDASIM=1, as themselves). Chosen for a few seconds each on 2 cores; the full suite covers the
+# rest.
+QUICK_FILES = frozenset({
+    # host validation, plans and their rules
+    "test_host_rules_cpu.py", "test_plan_rules_cpu.py", "test_tensormap_validation.py", "test_launch_params.py",
+    "test_kernel_plans_cpu.py", "test_import_graph.py", "test_ptx_registry.py", "test_typing_messages_cpu.py",
+    # PTX, link and SASS checks
+    "test_accumulator_cpu.py", "test_descriptor_cpu.py",
+    # simulator files
+    "test_simulator.py", "test_sim_accumulator.py", "test_sim_cluster.py", "test_sim_descriptor.py",
+    "test_sim_diagnostics.py",
+})
+
 
 def skip_gpu_tests_without_a_gpu(items):
     """Tests marked ``gpu`` are skipped (with the reason) unless a GPU with TMA (compute capability 9.0+) is
@@ -27,7 +42,33 @@ def deselect_by_pattern(config, items):
         items[:] = keep
 
 
+def mark_quick(items):
+    """Marks ``quick`` the tests of QUICK_FILES; a subprocess test of tests/test_simulator.py by the simulator file it
+    runs (its parameter ``name``)."""
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        if name == "test_simulator.py" and "name" in params:
+            name = params["name"]
+        if name in QUICK_FILES:
+            item.add_marker(pytest.mark.quick)
+
+
+def simulator_subprocesses_first(items):
+    """tests/test_simulator.py's subprocess tests (each a file or a shard of one under the simulator, seconds to
+    minutes) go to the front, in that file's order (longest first): under xdist they start first, so that no
+    worker is left with a long one at the end while the other is idle."""
+    first = [item for item in items if os.path.basename(str(item.fspath)) == "test_simulator.py"]
+    if first:
+        rest = [item for item in items if os.path.basename(str(item.fspath)) != "test_simulator.py"]
+        items[:] = first + rest
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m selects by marker)
 def pytest_collection_modifyitems(config, items):
-    # one named function per purpose: mark the GPU tests to skip, then drop the deselected ones
+    # one named function per purpose: mark the GPU tests to skip, then drop the deselected ones, mark the quick
+    # subset, start the simulator subprocesses first
     skip_gpu_tests_without_a_gpu(items)
     deselect_by_pattern(config, items)
+    mark_quick(items)
+    simulator_subprocesses_first(items)
