@@ -42,10 +42,10 @@ def offline():
     count preparations and updates."""
     from numba import cuda
 
-    from numbatma import _numba_internals as internals
+    from numbatma import _prepared_launch as prepared
 
     fakes.offline_gpu(setattr, record=False)
-    prepare, update = internals.prepare_launch, internals.PreparedLaunch.update
+    prepare, update = prepared.prepare_launch, prepared.PreparedLaunch.update
 
     def counted_prepare(*a, **k):
         COUNTS["prepare"] += 1
@@ -55,8 +55,8 @@ def offline():
         COUNTS["update"] += 1
         return update(self, sources)
 
-    internals.prepare_launch = counted_prepare
-    internals.PreparedLaunch.update = counted_update
+    prepared.prepare_launch = counted_prepare  # (where numbatma.launch looks it up)
+    prepared.PreparedLaunch.update = counted_update
     pools, turn = {}, [0]
 
     def device_array(shape, dtype):  # (attention's own lse: a numba array at a new address each call, taken from

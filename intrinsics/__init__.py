@@ -25,16 +25,20 @@ from . import (
     swizzle,
     tma,
     warp,
+    warp_roles,
     wgmma_epilogue,
     wgmma_operands,
 )
 from . import _debug as _debug_family  # bounded waits and runtime checks of the debug build (NUMBATMA_DEBUG=1)
 from . import wgmma as _wgmma_family  # (the name wgmma is the intrinsic)
 from ._define import add_ptx_sections as _add_ptx_sections
+from ._asm import check_targets as _asm_check_targets
+from ._define import sim as _sim_engine
 
 #: The PTX families, one module each: their ``__all__`` is this package's API, their ``PTX`` tables ``all_ptx()``.
 FAMILIES = (mbarrier, tma, fence, async_copy, warp, pipeline, smem, cache, bulk, cluster, cluster_copy, descriptor,
-            im2col, swizzle, mma, wgmma_operands, _wgmma_family, wgmma_epilogue, accumulator, griddep)
+            im2col, swizzle, mma, wgmma_operands, _wgmma_family, wgmma_epilogue, accumulator, griddep,
+            warp_roles)
 
 __all__ = []
 for _module in FAMILIES:
@@ -58,3 +62,11 @@ def all_ptx():
 
 
 _add_ptx_sections({name: globals()[name] for name in __all__}, all_ptx())
+
+# Registration with the host (numbatma/_registry.py): the host never imports this package, it is handed these.
+from numbatma import _registry as _host_registry  # noqa: E402
+
+_host_registry.register_source_dir(__path__[0])
+_host_registry.register_target_checker(lambda text, arch: _asm_check_targets(text, arch, all_ptx()))
+_host_registry.register_simulator(_sim_engine)  # (a loader: the engine is imported on first use, never on the GPU path)
+_host_registry.register_accumulator_class(_wgmma_family.SimAccumulator)

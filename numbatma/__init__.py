@@ -94,9 +94,15 @@ _SIMULATOR_ERRORS = ("SimulatedHang", "SimulatedMisuse", "SimulatedTypingError")
 def __getattr__(name):
     """The simulator's exceptions (``numbatma.SimulatedHang``: every thread waits on something no thread can
     complete; ``SimulatedMisuse``: a rule the GPU punishes; ``SimulatedTypingError``: an operand the GPU build
-    refuses while typing), importable without the simulator running (loaded on first use: no import circle)."""
+    refuses while typing): the simulator engine's, which the device package registers when it is imported
+    (``numbatma/_registry.py``: the host never imports ``numbatma.intrinsics``); also on the GPU path."""
     if name in _SIMULATOR_ERRORS:
-        from .intrinsics import _sim
+        from ._registry import simulator
 
-        return getattr(_sim, name)
+        engine = simulator()
+        if engine is None:
+            raise AttributeError(
+                f"numbatma.{name} is the simulator engine's exception, registered by numbatma.intrinsics when it is "
+                f"imported, and numbatma.intrinsics is not imported yet: import numbatma.intrinsics first")
+        return getattr(engine, name)
     raise AttributeError(f"module 'numbatma' has no attribute {name!r}")

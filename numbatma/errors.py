@@ -25,6 +25,8 @@ import threading
 
 from numba.core import errors as _numba_errors
 
+from ._registry import source_dirs
+
 # Compile-time-constant rules that numba's typing enforces and the simulator enforces too (numbatma/_numba_internals.py,
 # hooks 4 and 7), in one wording for both.
 SHAPE_RULE = ("the shape must be a compile-time constant: an integer literal, a global or closure constant, or a "
@@ -34,7 +36,6 @@ INDEX_RULE = ("the register index must be a compile-time constant: an integer li
               "constant indices, or use wgmma_map / wgmma_row_reduce to visit every register")
 
 _state = threading.local()
-_OWN_DIRS = None
 
 
 class TypingError(_numba_errors.TypingError):
@@ -78,15 +79,10 @@ def _format(reason, loc):
 def is_internal(filename):
     """Whether ``filename`` is one of numbatma's own device-side sources (package ``numbatma`` or
     ``numbatma.intrinsics``), whose lines are not what the user wrote."""
-    global _OWN_DIRS
     if not filename:
         return True
-    if _OWN_DIRS is None:
-        import numbatma
-        from numbatma import intrinsics
-
-        _OWN_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (numbatma, intrinsics))
-    return os.path.abspath(filename).startswith(_OWN_DIRS)
+    own = source_dirs()  # (the host's folder, and the device package's once it registered: _registry.py)
+    return os.path.abspath(filename).startswith(own)
 
 
 class recording:

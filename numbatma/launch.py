@@ -5,7 +5,7 @@ compiled overload and marshals each argument again, every time, then has cuda.co
 launch configuration: tens of microseconds of host time, which is longer than a small GEMM runs. A plan that
 launches the same kernel with the same arguments again and again (every kernel of :mod:`numbatma.kernels`)
 prepares the launch once instead: the arguments marshalled into a kernel parameter block, each run one
-``cuLaunchKernel`` (``numbatma/_numba_internals.py``: ``prepare_launch``, ``KernelParams``).
+``cuLaunchKernel`` (``numbatma/_prepared_launch.py``: ``prepare_launch``, ``KernelParams``).
 
 A *dependent* launch (programmatic dependent launch, compute capability 9.0+: CUDA's launch attribute
 programmatic stream serialization) lets a kernel start before the kernel ahead of it on the stream has
@@ -13,7 +13,7 @@ finished, so that its prologue overlaps that kernel's tail. The kernel itself mu
 ``numbatma.intrinsics.griddepcontrol_wait()`` before it touches what the earlier kernel writes; the earlier
 kernel may call ``griddepcontrol_launch_dependents()`` to let it start sooner. Two spellings:
 ``prepare_launch(..., dependent=True)`` and, for any launch, ``with dependent_launch(): ...``
-(``numbatma._numba_internals`` hook 11).
+(hook 11 of ``numbatma._numba_internals``, in ``numbatma/_launch_hooks.py``).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     sources = tuple(args)
     args = tuple(launch_argument(a) for a in sources)
     if not SIMULATING:
-        from ._numba_internals import prepare_launch as prepare
+        from ._prepared_launch import prepare_launch as prepare
 
         run = prepare(kernel, args, grid, block, shared_mem, dependent, scoped, sources)
         if run is not None:
@@ -68,7 +68,7 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
 
         return run
 
-    from ._numba_internals import dependent_launch as scope
+    from ._launch_hooks import dependent_launch as scope
 
     def run(stream=0):  # (dependent: inside hook 11's scope; not scoped: out of any enclosing one)
         with scope(bool(dependent)):
@@ -87,7 +87,7 @@ def launch_facts(run):
     time: the simulator, debug builds, host arrays)."""
     if SIMULATING or not hasattr(run, "slots"):
         return {"device": None, "switches_context": False, "dynamic_smem": {}, "prepared": False}
-    from ._numba_internals import ContextLaunch
+    from ._prepared_launch import ContextLaunch
 
     granted = getattr(run.kernel, "_numbatma_dynamic_smem", None) or {}
     return {"device": run.device, "switches_context": isinstance(run, ContextLaunch),
@@ -105,7 +105,7 @@ def dependent_launch(enabled=True):
     enclosing block; blocks nest. The setting belongs to the calling thread (like ``with_cluster``'s).
 
     Under the simulator it is accepted and has no effect (the simulator runs launches one after another)."""
-    from ._numba_internals import dependent_launch as scope
+    from ._launch_hooks import dependent_launch as scope
 
     with scope(enabled):
         yield

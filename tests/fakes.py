@@ -298,6 +298,7 @@ def offline_gpu(set_attr, record=True):
 
     from numbatma import DeviceView, _descriptor_base
     from numbatma import _numba_internals as internals
+    from numbatma import _prepared_launch as prepared
     from numbatma.kernels import _launch
 
     fake = FakeDriver([])
@@ -345,8 +346,8 @@ def offline_gpu(set_attr, record=True):
     fake.blocks = blocks
     fake.builds = 0  # (parameter blocks built: launches prepared)
     set_attr(_launch, "sm_count", lambda *a: 132)
-    set_attr(internals, "compiled_kernel", compiled_kernel)
-    set_attr(internals, "_ensure_dynamic_smem", lambda kernel, nbytes: None)
+    set_attr(prepared, "compiled_kernel", compiled_kernel)  # (where prepare_launch looks them up)
+    set_attr(prepared, "_ensure_dynamic_smem", lambda kernel, nbytes: None)
     set_attr(internals.KernelParams, "build", classmethod(registered_build))
     set_attr(_descriptor_base, "_replace_address", replace)
     set_attr(_descriptor_base.TMADescriptor, "driver_tensor_map", driver_tensor_map)

@@ -9,6 +9,7 @@ import pytest
 from numba import cuda, types
 
 import numbatma
+from numbatma import _launch_hooks
 from numbatma import _numba_internals as internals
 from numbatma import compile as nbc
 from numbatma.cluster import (
@@ -241,14 +242,14 @@ def test_with_cluster_launch_reaches_the_launch_config(monkeypatch):
     with_cluster(FakeKernel(), (4, 2))[(8, 4, 1), 64, 0, 96 * 1024]()
     assert rec.calls == [dict(grid=(2, 2, 1), block=(64, 1, 1), shmem_size=96 * 1024, is_cooperative=False,
                               cluster=(4, 2, 1))]
-    assert getattr(internals._cluster, "dims", None) is None
+    assert getattr(_launch_hooks._cluster, "dims", None) is None
 
 
 def test_launch_config_hook_is_installed():
     from cuda.core import LaunchConfig
     from numba.cuda import dispatcher
 
-    assert dispatcher.LaunchConfig.__module__ == internals.__name__
+    assert dispatcher.LaunchConfig.__module__ == "numbatma._launch_hooks"
     assert dispatcher.LaunchConfig._numbatma_original is LaunchConfig
 
 

@@ -16,6 +16,7 @@ import fakes
 import numbatma
 from numbatma import DeviceView, TensorMap, TensorMapError, _descriptor_base, _intake, array_layout, devices, streams
 from numbatma import _numba_internals as internals
+from numbatma import _prepared_launch as prepared
 from numbatma.kernels import (NotRebindable, Plan, StreamCopy, _launch, _plan, _plan_cache, clear_plan_cache,
                               plan_cache_info, stream_copy)
 
@@ -346,14 +347,14 @@ def contexts(two_gpus, monkeypatch):
     monkeypatch.setattr(cu, "cuCtxGetCurrent", get_current)
     monkeypatch.setattr(cu, "cuCtxPushCurrent", push)
     monkeypatch.setattr(cu, "cuCtxPopCurrent", pop)
-    compiled = internals.compiled_kernel
+    compiled = prepared.compiled_kernel  # (the fake that fakes.offline_gpu set, if any)
 
     def compiled_here(dispatcher, args):
         kernel = compiled(dispatcher, args)
         kernel._codelibrary.get_cufunc().device = types.SimpleNamespace(id=two_gpus["current"])
         return kernel
 
-    monkeypatch.setattr(internals, "compiled_kernel", compiled_here)
+    monkeypatch.setattr("numbatma._prepared_launch.compiled_kernel", compiled_here)
     launch = fake.launch
     monkeypatch.setattr(cu, "cuLaunchKernel", lambda *a: calls.append(("launch on", two_gpus["current"])) or
                         launch(*a))
@@ -429,7 +430,7 @@ def _encoded(device):
 
 
 def test_a_descriptor_of_another_device_is_refused_at_launch(two_gpus, monkeypatch):
-    monkeypatch.setattr(internals, "current_device_id", lambda: 1)
+    monkeypatch.setattr("numbatma._launch_hooks.current_device_id", lambda: 1)
     tm = _encoded(0)
     with pytest.raises(TensorMapError) as info:  # (numba's own launch)
         internals._prepare_numbatma_arg(tm.numba_type, tm, [])
@@ -601,7 +602,7 @@ def test_one_device_launch_does_not_ask_for_the_device(monkeypatch):
     """In a process that sees one device every descriptor is on it: numba's launch path does not look the current
     device up for each descriptor argument (the host-path cost of a user kernel taking TensorMaps)."""
     monkeypatch.setattr(devices, "_COUNT", [1])
-    monkeypatch.setattr(internals, "current_device_id", lambda: pytest.fail("the current device was looked up"))
+    monkeypatch.setattr("numbatma._launch_hooks.current_device_id", lambda: pytest.fail("the current device was looked up"))
     tm, args = _encoded(0), []
     internals._prepare_numbatma_arg(tm.numba_type, tm, args)
     assert args == [tm._descriptor]

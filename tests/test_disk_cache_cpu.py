@@ -325,7 +325,7 @@ def test_a_failing_save_or_load_is_a_warning_not_an_error(tmp_path, monkeypatch)
     from numba.cuda.core import config
 
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(internals, "_cache_warned", set())
+    monkeypatch.setattr("numbatma._disk_cache._cache_warned", set())
 
     @cuda.jit
     def k(out):

@@ -621,7 +621,7 @@ LAUNCH = {
 
 @pytest.mark.parametrize("case", list(LAUNCH), ids=list(LAUNCH))
 def test_launch_gpu_path(case, monkeypatch):
-    monkeypatch.setattr(internals, "current_device_id", lambda: 0)
+    monkeypatch.setattr("numbatma._launch_hooks.current_device_id", lambda: 0)
     from numbatma import devices
 
     monkeypatch.setattr(devices, "_COUNT", [2])  # (a process that sees two devices: launches compare devices)
@@ -632,7 +632,7 @@ def test_launch_gpu_path(case, monkeypatch):
 
 
 def test_launch_same_device_passes(monkeypatch):
-    monkeypatch.setattr(internals, "current_device_id", lambda: 1)
+    monkeypatch.setattr("numbatma._launch_hooks.current_device_id", lambda: 1)
     args = []
     desc = _encoded(TensorMap(A2, (16, 32)), 1)
     internals._prepare_numbatma_arg(D2T, desc, args)

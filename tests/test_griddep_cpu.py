@@ -131,8 +131,8 @@ def offline_launch(monkeypatch):
 
     kernel = OfflineKernel((types.float32, types.int32))
     driver = FakeDriver([4, 4]).install(monkeypatch)
-    monkeypatch.setattr(internals, "compiled_kernel", lambda dispatcher, args: kernel)
-    monkeypatch.setattr(internals, "_ensure_dynamic_smem", lambda k, nbytes: None)
+    monkeypatch.setattr("numbatma._prepared_launch.compiled_kernel", lambda dispatcher, args: kernel)
+    monkeypatch.setattr("numbatma._prepared_launch._ensure_dynamic_smem", lambda k, nbytes: None)
     return kernel, driver
 
 
@@ -224,7 +224,7 @@ class _FakeDispatcher:
 def test_fallback_launch_through_numba_carries_dependent(monkeypatch, dependent):
     """Where the launch cannot be prepared (a debug kernel, host arrays: ``_numba_internals.prepare_launch``
     returns None), each run launches through numba, and ``dependent=True`` puts it in hook 11's scope."""
-    monkeypatch.setattr(internals, "prepare_launch", lambda *a, **k: None)
+    monkeypatch.setattr("numbatma._prepared_launch.prepare_launch", lambda *a, **k: None)
     kernel = _FakeDispatcher()
     run = numbatma.prepare_launch(kernel, [1, 2], 8, 64, 256, dependent=dependent)
     run(3)
@@ -255,7 +255,7 @@ def test_numba_launch_gets_the_attribute_inside_the_scope(monkeypatch):
     (hook 11, over a recorder in place of cuda.core's) sets the attribute inside ``dependent_launch()`` only."""
     from numba.cuda import dispatcher
 
-    assert dispatcher.launch.__module__ == internals.__name__  # (installed on the GPU path)
+    assert dispatcher.launch.__module__ == "numbatma._launch_hooks"  # (installed on the GPU path)
     recorder = _Recorder()
     monkeypatch.setattr(dispatcher, "launch", internals._dependent_core_launch(recorder))
     kernel = pytypes.SimpleNamespace(
@@ -298,7 +298,7 @@ def test_plans_follow_the_dependent_scope(monkeypatch):
         seen.append((dependent, scoped))
         return lambda stream=0: None
 
-    monkeypatch.setattr(internals, "prepare_launch", fake_prepare)
+    monkeypatch.setattr("numbatma._prepared_launch.prepare_launch", fake_prepare)
     from numbatma.kernels import Plan
 
     class Tiny(Plan):

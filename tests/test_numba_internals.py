@@ -1,4 +1,5 @@
-"""Fails loudly when numba-cuda changes under numbatma's hooks (numbatma/_numba_internals.py)."""
+"""Fails loudly when numba-cuda changes under numbatma's hooks (numbatma/_numba_internals.py and the seam modules it
+lists: _launch_hooks.py, _prepared_launch.py, _sim_hooks.py, _lowering_sites.py, _disk_cache.py)."""
 import inspect
 import re
 
@@ -6,11 +7,16 @@ import numpy as np
 from numba import cuda, types
 
 import numbatma
+from numbatma import _disk_cache, _launch_hooks, _lowering_sites, _prepared_launch, _sim_hooks
 from numbatma import _numba_internals as internals
 from numbatma import compile as nbc
 from numbatma._types import SharedArray
 
 from fakes import FakeCudaArray
+
+# The modules that touch numba-cuda private names (docs/architecture.md: the seam).
+SEAM_MODULES = (internals, _launch_hooks, _prepared_launch, _sim_hooks, _lowering_sites, _disk_cache)
+SEAM = {m.__name__ for m in SEAM_MODULES}
 
 
 def test_numba_cuda_version_in_tested_range():
@@ -26,8 +32,8 @@ def test_hook_points_exist_with_expected_signatures():
     # the hooks are installed (our wrappers are in place)
     assert nvvm.set_cuda_kernel.__module__ == internals.__name__
     assert nvvm.compile_ir.__module__ == internals.__name__
-    assert dispatcher._Kernel._prepare_args.__module__ == internals.__name__
-    assert dispatcher._Kernel.launch.__module__ == internals.__name__
+    assert dispatcher._Kernel._prepare_args.__module__ == _launch_hooks.__name__
+    assert dispatcher._Kernel.launch.__module__ == _launch_hooks.__name__
     assert set(points) == {
         "nvvm.set_cuda_kernel", "_Kernel._prepare_args", "_Kernel.launch", "Cuda_shared_array.generic",
         "nvvm.compile_ir", "dispatcher.get_current_device", "dispatcher.LaunchConfig", "nvvm.set_launch_bounds",
@@ -53,9 +59,9 @@ def test_cluster_hook_points():
     from numba.cuda import compiler, dispatcher
     from numba.cuda.cudadrv import nvvm
 
-    assert dispatcher.LaunchConfig.__module__ == internals.__name__
+    assert dispatcher.LaunchConfig.__module__ == _launch_hooks.__name__
     assert dispatcher.LaunchConfig._numbatma_original is LaunchConfig
-    assert nvvm.set_launch_bounds.__module__ == internals.__name__
+    assert nvvm.set_launch_bounds.__module__ == _launch_hooks.__name__
     source = inspect.getsource(dispatcher)  # (_Kernel.launch itself is numbatma's wrapper)
     assert re.search(r"config = LaunchConfig\(\s*grid=griddim,\s*block=blockdim,\s*shmem_size=sharedmem,", source)
     assert "from cuda.core import launch, LaunchConfig" in source
@@ -75,7 +81,7 @@ def test_dependent_launch_hook_points():
     from cuda.core import LaunchConfig, launch
     from numba.cuda import dispatcher
 
-    assert dispatcher.launch.__module__ == internals.__name__
+    assert dispatcher.launch.__module__ == _launch_hooks.__name__
     assert dispatcher.launch._numbatma_original is launch
     upstream = inspect.getsource(dispatcher._Kernel.launch._numbatma_original)  # (hook 3 wraps _Kernel.launch)
     assert re.search(r"config = LaunchConfig\(", upstream)
@@ -318,8 +324,8 @@ def _offline_prepared(monkeypatch, argument_types, args, param_sizes, sources=No
 
     kernel = OfflineKernel(argument_types)
     driver = FakeDriver(param_sizes).install(monkeypatch)
-    monkeypatch.setattr(internals, "compiled_kernel", lambda dispatcher, a: kernel)
-    monkeypatch.setattr(internals, "_ensure_dynamic_smem", lambda k, nbytes: None)
+    monkeypatch.setattr("numbatma._prepared_launch.compiled_kernel", lambda dispatcher, a: kernel)
+    monkeypatch.setattr("numbatma._prepared_launch._ensure_dynamic_smem", lambda k, nbytes: None)
     return internals.prepare_launch(_OfflineDispatcher(), args, 4, 128, 0, sources=sources), driver
 
 
@@ -439,7 +445,7 @@ def test_prepare_checks_the_layout_against_the_drivers_parameter_sizes(monkeypat
     # parameter unless the kernel has fewer (a mismatch, refused).
     for sizes, fits in (([8] * 7 + [4], True), ([8] * 7, False), ([8] * 7 + [4, 4], None)):
         driver = FakeDriver(sizes, count=False).install(monkeypatch)
-        kernel = internals.compiled_kernel(_OfflineDispatcher(), (x, 2.0))
+        kernel = _prepared_launch.compiled_kernel(_OfflineDispatcher(), (x, 2.0))
         kernel.__dict__.pop("_numbatma_param_sizes", None)
         if fits is False:
             with pytest.raises(RuntimeError, match="laid out 8 kernel parameters"):
@@ -448,7 +454,7 @@ def test_prepare_checks_the_layout_against_the_drivers_parameter_sizes(monkeypat
             assert internals.prepare_launch(_OfflineDispatcher(), (x, 2.0), 4, 128, 0) is not None
             assert driver.past == []
     FakeDriver([1, 2, 3], report=False).install(monkeypatch)
-    kernel = internals.compiled_kernel(None, ())
+    kernel = _prepared_launch.compiled_kernel(None, ())
     kernel.__dict__.pop("_numbatma_param_sizes", None)
     assert internals.prepare_launch(_OfflineDispatcher(), (x, 2.0), 4, 128, 0) is not None  # (unchecked)
 
@@ -502,16 +508,34 @@ def test_typing_error_hook_points():
 
 
 def test_hooks_are_numbered_in_order_with_one_install_function_each():
-    """The module docstring lists hooks 1..12 in order, each naming its install function (hook 12: the function
-    that applies it to one kernel), and the file's ``# -- hook N`` sections follow the same order."""
+    """_numba_internals' docstring lists hooks 1..12 in order, each naming its install function (hook 12: the
+    function that applies it to one kernel) and the seam module that holds it; that function is defined there, the
+    module's ``# -- hook N`` section is there, and every seam module's sections follow the numbering's order."""
     doc = internals.__doc__
     listed = [int(n) for n in re.findall(r"^(\d+)\. ", doc, flags=re.M)]
     assert listed == list(range(1, 13))
-    for n, name in re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M):
-        assert callable(getattr(internals, name, None)), (n, name)
-    assert len(re.findall(r"^(\d+)\. :func:`(\w+)`", doc, flags=re.M)) == 12
-    sections = [int(n) for n in re.findall(r"^# -- hook (\d+):", inspect.getsource(internals), flags=re.M)]
-    assert sections == list(range(1, 13))
+    entries = re.findall(r"^(\d+)\. :func:`(\w+)` \((this module|``(_\w+)\.py``)", doc, flags=re.M)
+    assert [int(n) for n, *_ in entries] == list(range(1, 13))
+    seen = {}
+    for n, name, _, module in entries:
+        holder = {m.__name__.split(".")[-1]: m for m in SEAM_MODULES}[module or "_numba_internals"]
+        assert vars(holder).get(name) is not None and getattr(holder, name).__module__ == holder.__name__, (n, name)
+        assert callable(getattr(internals, name, None)), (n, name)  # (installed from here: re-exported)
+        seen.setdefault(holder, []).append(int(n))
+    for holder in SEAM_MODULES:
+        sections = [int(n) for n in re.findall(r"^# -- hook (\d+):", inspect.getsource(holder), flags=re.M)]
+        assert sorted(set(sections)) == seen.get(holder, []) and sections == sorted(sections), holder.__name__
+
+
+def test_every_seam_module_is_listed_and_states_its_purpose():
+    """The seam modules are the ones _numba_internals' docstring names, each under the size limit of
+    tests/test_import_graph.py, with a one-line purpose as its docstring's first line."""
+    for module in SEAM_MODULES:
+        first = module.__doc__.split("\n")[0]
+        assert first.endswith(".") and len(first) <= 120, module.__name__
+        if module is not internals:
+            assert f"``{module.__name__.split('.')[-1]}.py``" in internals.__doc__, module.__name__
+        assert len(inspect.getsource(module).splitlines()) <= 800, module.__name__
 
 
 def test_install_functions_are_idempotent():
@@ -532,8 +556,8 @@ def test_install_functions_are_idempotent():
              cudadecl.Cuda_shared_array.generic, dispatcher.launch]
     assert after == before
     for wrapper in after:
-        assert wrapper.__module__ == internals.__name__
-        assert wrapper._numbatma_original.__module__ != internals.__name__  # (upstream's, wrapped once)
+        assert wrapper.__module__ in SEAM
+        assert wrapper._numbatma_original.__module__ not in SEAM  # (upstream's, wrapped once)
 
 
 def test_accessor_points_exist_with_expected_signatures():
