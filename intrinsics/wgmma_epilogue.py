@@ -7,9 +7,9 @@ that covers the accumulator): :func:`wgmma_add_bias` (a per-column bias vector),
 :func:`wgmma_store_global` (straight to a 2-D global array, bounds-checked per element: any M, N). Which
 element of the tile a register holds: :func:`numbatma.intrinsics.wgmma_row_col`.
 
-Emits ``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32`` (sm_80+), ``stmatrix`` (sm_90+; 16-bit tiles of
-``wgmma_store``), a read of ``%tid.x`` and plain loads and stores - no wgmma instruction, so these compile for
-every target that has those. Each docstring says what the caller guarantees (the covering wait, whole warps
+What they compile to: float32 pairs packed to bfloat16 / float16 (sm_80+), ``stmatrix`` stores (sm_90+; 16-bit
+tiles of ``wgmma_store``), a read of the thread index and plain loads and stores - no wgmma instruction, so these
+compile for every target that has those (the exact PTX: the end of each intrinsic's ``help()``). Each docstring says what the caller guarantees (the covering wait, whole warps
 for ``stmatrix``, 1-D blocks).
 
 Under the CUDA simulator the same calls read the thread's registers from its :class:`SimAccumulator` (a read
