@@ -44,18 +44,18 @@ from numbatma.intrinsics import (
     cluster_sync,
     bulk_commit_group,
     bulk_wait_group,
-    bulk_wait_group_read,
     elect_one_sync,
     fence_mbarrier_init,
-    fence_proxy_async_shared_cta,
+    lagged_release,
     mbarrier_arrive_expect_tx,
     mbarrier_init,
     mbarrier_ref,
     mbarrier_wait_parity,
-    named_barrier_sync,
-    setmaxnreg_dec,
-    setmaxnreg_inc,
+    persistent_share,
+    register_budget,
     shared_view,
+    store_buffers,
+    tile_origin,
     tma_load,
     tma_store,
     wgmma,
@@ -67,6 +67,8 @@ from numbatma.intrinsics import (
     wgmma_store,
     wgmma_wait_group,
     wgmma_zeros,
+    warp_specialize,
+    warpgroup_sync,
 )
 
 from ._compile_cache import kernel_factory
@@ -82,9 +84,8 @@ __all__ = ["Gemm", "gemm", "GemmConfig"]
 BM = 128  # two consumer warpgroups x 64 rows
 BK = 64  # 64 bf16/f16 = one 128-byte swizzle row
 WARPGROUP = 128
-MAX_REGISTERS = 168  # at launch: 168 x 384 threads = the register file; setmaxnreg moves them
-PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232  # 40 x 128 + 2 x 232 x 128 = 168 x 384
+BUDGET = register_budget(2)  # one producer warpgroup (40 registers) and two consumers (232): 168 x 384 at launch
+MAX_REGISTERS = BUDGET.launch
 INPUT_DTYPES = ("bfloat16", "float16")
 OUTPUT_DTYPES = ("bfloat16", "float16", "float32")
 _STATIC_SMEM = 1024  # barriers (static shared memory, before the 1024-aligned dynamic buffer)
@@ -168,11 +169,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
     chunks = bn // epilogue_cols
     lag_waits = 1 if stages > 1 else 0
     store_tail = tail_store_2d((64, epilogue_cols), out_itemsize, swizzle=128)
-
-    @cuda.jit(device=True, inline="always")
-    def tile_origin(t, tiles_m, tiles_n):
-        m0, tn = _tile_origin_dev(t, tiles_m, tiles_n, group_m)
-        return m0, tn * bn
+    acquire_buffer, publish_buffer = store_buffers(2)  # two epilogue buffers per consumer warpgroup
 
     half = bn // 2
     if b_nk and cluster_m == 2:  # each CTA of the pair loads half of the (N, K) box and multicasts it
@@ -216,25 +213,25 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         @cuda.jit(device=True, inline="always")
         def work(t, tiles_m, tiles_n):
             """Unit t of the cluster: a pair of row tiles (this CTA takes the one of its rank)."""
-            m0, tn = _tile_origin_dev(t, (tiles_m + 1) // 2, tiles_n, group_m)
-            return 2 * m0 + cluster_ctarank() * BM, tn * bn
+            tm, tn = tile_origin(t, (tiles_m + 1) // 2, tiles_n, group_m)
+            return (2 * tm + cluster_ctarank()) * BM, tn * bn
 
         @cuda.jit(device=True, inline="always")
         def units(tiles_m, tiles_n):
             return (tiles_m + 1) // 2 * tiles_n, cuda.blockIdx.x // 2, cuda.gridDim.x // 2
     else:
-        @cuda.jit(device=True, inline="always")
-        def release(pipe):
-            pipe.consumer_release()
+        release = None  # (lagged_release's default: pipe.consumer_release())
 
         @cuda.jit(device=True, inline="always")
         def work(t, tiles_m, tiles_n):
-            m0, tn = _tile_origin_dev(t, tiles_m, tiles_n, group_m)
-            return m0, tn * bn
+            tm, tn = tile_origin(t, tiles_m, tiles_n, group_m)
+            return tm * BM, tn * bn
 
         @cuda.jit(device=True, inline="always")
         def units(tiles_m, tiles_n):
             return tiles_m * tiles_n, cuda.blockIdx.x, cuda.gridDim.x
+
+    mma_step, mma_drain = lagged_release(lag_waits, release)  # one wgmma group in flight (none with one stage)
 
     @cuda.jit(device=True, inline="always")
     def load_stage(pipe, smem, a_map, b_map, m0, n0, kt):
@@ -274,9 +271,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         for j in range(chunks):
             tile = shared_view(cdyn, epi_base + (2 * wg + (done & 1)) * epi_elems, (64, epilogue_cols))
             done += 1
-            if tw == 0:
-                bulk_wait_group_read(1)  # the store that last read this buffer (two chunks ago) is done
-            named_barrier_sync(1 + wg, WARPGROUP)
+            acquire_buffer(wg, tw)  # the store that last read this buffer (two chunks ago) has read it
             col = n0 + j * epilogue_cols
             if has_beta:
                 if tw == 0:
@@ -285,11 +280,9 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                 mbarrier_wait_parity(mbarrier_ref(cbar, wg), cphase)
                 cphase ^= 1
                 acc = wgmma_add_tile(acc, tile, c_load, 0, j * epilogue_cols, beta)
-                named_barrier_sync(1 + wg, WARPGROUP)  # everyone read C before the tile is overwritten
+                warpgroup_sync(wg)  # everyone read C before the tile is overwritten
             wgmma_store(acc, tile, c_map, 0, j * epilogue_cols)
-            fence_proxy_async_shared_cta()
-            named_barrier_sync(1 + wg, WARPGROUP)
-            if tw == 0:
+            if publish_buffer(wg, tw):  # (fence, warpgroup barrier: the tile is whole; thread 0 stores it)
                 if tma_part and col < aligned:  # c_map describes C's columns [0, aligned): exact
                     tma_store(c_map, (row, col), tile)
                 bulk_commit_group()
@@ -298,6 +291,40 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         return cphase, done
 
     if warp_specialized:
+        @cuda.jit(device=True, inline="always")
+        def producer(args):
+            """One elected thread walks this CTA's tiles and their k-steps, TMA-loading each into the next stage."""
+            pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta, work_split = args
+            tiles_m, tiles_n, ktiles, total, first, step = work_split
+            if cuda.threadIdx.x < 32:
+                if elect_one_sync():
+                    for t in range(first, total, step):
+                        m0, n0 = work(t, tiles_m, tiles_n)
+                        for kt in range(ktiles):
+                            load_stage(pipe, smem, a_map, b_map, m0, n0, kt)
+
+        @cuda.jit(device=True, inline="always")
+        def consumer(cw, args):
+            """Consumer warpgroup ``cw``: its 64 rows of each tile, k-step by k-step, then the epilogue."""
+            pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta, work_split = args
+            tiles_m, tiles_n, ktiles, total, first, step = work_split
+            tw = cuda.threadIdx.x - (cw + 1) * WARPGROUP
+            lane = cuda.threadIdx.x % 32
+            state = (0, 0)
+            for t in range(first, total, step):
+                m0, n0 = work(t, tiles_m, tiles_n)
+                acc = wgmma_zeros(bn)
+                for kt in range(ktiles):
+                    s = pipe.consumer_wait()
+                    acc = mma_stage(acc, smem, a_map, b_map, s, cw)
+                    # keep this k-step's group in flight; release the previous one's stage (one stage: wait)
+                    acc = mma_step(pipe, acc, kt, lane)
+                acc = mma_drain(pipe, acc, lane)
+                state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta, state)
+            if tw == 0:
+                bulk_wait_group(0)
+
+        roles = warp_specialize(BUDGET, producer, consumer)  # 40 registers for the producer, 232 for consumers
         jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
         if cluster_m == 2:
             jit = _compose(cluster_kernel((2, 1, 1)), jit)
@@ -318,46 +345,9 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
             grid_dependency_sync()
             tiles_m = (m + BM - 1) // BM
             tiles_n = (n + bn - 1) // bn
-            ktiles = (k + BK - 1) // BK
             total, first, step = units(tiles_m, tiles_n)
-            wg = cuda.threadIdx.x // WARPGROUP
-            if wg == 0:
-                setmaxnreg_dec(PRODUCER_REGISTERS)
-                if cuda.threadIdx.x < 32:
-                    if elect_one_sync():
-                        for t in range(first, total, step):
-                            m0, n0 = work(t, tiles_m, tiles_n)
-                            for kt in range(ktiles):
-                                load_stage(pipe, smem, a_map, b_map, m0, n0, kt)
-            else:
-                setmaxnreg_inc(CONSUMER_REGISTERS)
-                cw = wg - 1
-                tw = cuda.threadIdx.x - wg * WARPGROUP
-                lane = cuda.threadIdx.x % 32
-                state = (0, 0)
-                for t in range(first, total, step):
-                    m0, n0 = work(t, tiles_m, tiles_n)
-                    acc = wgmma_zeros(bn)
-                    for kt in range(ktiles):
-                        s = pipe.consumer_wait()
-                        acc = mma_stage(acc, smem, a_map, b_map, s, cw)
-                        if lag_waits:  # keep this k-step's group in flight; release the previous one's stage
-                            if kt > 0:
-                                acc = wgmma_wait_group(1, acc)
-                                if lane == 0:
-                                    release(pipe)
-                        else:  # one stage: the producer refills it only after this group is done
-                            acc = wgmma_wait_group(0, acc)
-                            if lane == 0:
-                                release(pipe)
-                    if lag_waits:
-                        acc = wgmma_wait_group(0, acc)
-                        if lane == 0:
-                            release(pipe)
-                    state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta,
-                                     state)
-                if tw == 0:
-                    bulk_wait_group(0)
+            roles((pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta,
+                   (tiles_m, tiles_n, (k + BK - 1) // BK, total, first, step)))
             if cluster_m > 1:
                 cluster_sync()  # no CTA leaves while its partner may still multicast into it or arrive on it
 
@@ -378,8 +368,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         tiles_m = (m + BM - 1) // BM
         tiles_n = (n + bn - 1) // bn
         ktiles = (k + BK - 1) // BK
-        first, step = cuda.blockIdx.x, cuda.gridDim.x
-        mine = (tiles_m * tiles_n - first + step - 1) // step
+        first, step, mine = persistent_share(tiles_m * tiles_n)
         total = mine * ktiles  # this CTA's k-steps over all its tiles
         wg = cuda.threadIdx.x // WARPGROUP
         tw = cuda.threadIdx.x - wg * WARPGROUP
@@ -387,12 +376,12 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
         producer = cuda.threadIdx.x == 0
         if producer:  # the first `stages` k-steps
             for i in range(min(stages, total)):
-                m0, n0 = tile_origin(first + (i // ktiles) * step, tiles_m, tiles_n)
+                m0, n0 = work(first + (i // ktiles) * step, tiles_m, tiles_n)
                 load_stage(pipe, smem, a_map, b_map, m0, n0, i % ktiles)
         state = (0, 0)
         i = 0  # this CTA's k-step counter
         for ti in range(mine):
-            m0, n0 = tile_origin(first + ti * step, tiles_m, tiles_n)
+            m0, n0 = work(first + ti * step, tiles_m, tiles_n)
             acc = wgmma_zeros(bn)
             for kt in range(ktiles):
                 s = pipe.consumer_wait()
@@ -410,7 +399,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                         pipe.consumer_release()
                     nxt = released + stages  # the k-step whose stage was just released
                     if producer and nxt < total:
-                        pm, pn = tile_origin(first + (nxt // ktiles) * step, tiles_m, tiles_n)
+                        pm, pn = work(first + (nxt // ktiles) * step, tiles_m, tiles_n)
                         load_stage(pipe, smem, a_map, b_map, pm, pn, nxt % ktiles)
                 i += 1
             if lag_waits:
@@ -419,7 +408,7 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                     pipe.consumer_release()
                 nxt = i - 1 + stages
                 if producer and nxt < total:
-                    pm, pn = tile_origin(first + (nxt // ktiles) * step, tiles_m, tiles_n)
+                    pm, pn = work(first + (nxt // ktiles) * step, tiles_m, tiles_n)
                     load_stage(pipe, smem, a_map, b_map, pm, pn, nxt % ktiles)
             state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, wg, tw, alpha, beta, state)
         if tw == 0:
@@ -430,18 +419,6 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
 
 def _compose(outer, inner):
     return lambda fn: outer(inner(fn))
-
-
-@cuda.jit(device=True, inline="always")
-def _tile_origin_dev(t, tiles_m, tiles_n, group_m):
-    """(first row, tile column) of output tile ``t`` in the grouped order: tiles run down ``group_m`` tile rows,
-    then across, so consecutive tiles (consecutive CTAs) share A row bands and B column bands in L2."""
-    per_group = group_m * tiles_n
-    group = t // per_group
-    first_m = group * group_m
-    rows_here = min(tiles_m - first_m, group_m)
-    r = t - group * per_group
-    return (first_m + r % rows_here) * BM, r // rows_here
 
 
 class Gemm(Plan):

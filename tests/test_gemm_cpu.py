@@ -143,3 +143,49 @@ def test_other_targets_say_wgmma_is_sm_90a_only(arch):
     p = plan(256, 256, 64)
     with pytest.raises(UnsupportedTarget, match="wgmma"):
         nbc.compile_ptx(p.kernel.py_func, p.args, arch)
+
+
+# The default kernels (bfloat16 4096^3, bn 256, 4 stages) as they compiled before Gemm was rebuilt on
+# numbatma.intrinsics.warp_roles (commit 715408c, nvJitLink of this image): total SASS instructions, the HGMMA of
+# the main loop, and per-class counts. "uniform": the uniform datapath (U*), where ptxas keeps the warp-uniform
+# tile arithmetic; a role split that loses that proof moves ~130 of them to vector registers (and spills).
+SASS_BEFORE_BLOCKS = {
+    ("nk", 0.0, 1): (1880, {"fp": 217, "barrier": 55, "tma": 16, "shared": 16, "uniform": 1087}),
+    ("kn", 0.5, 1): (2512, {"fp": 345, "barrier": 63, "tma": 38, "shared": 80, "uniform": 1216}),
+    ("nk", 0.0, 2): (2088, {"fp": 217, "barrier": 74, "tma": 16, "shared": 16, "uniform": 623}),
+    ("kn", 0.5, 2): (2424, {"fp": 345, "barrier": 62, "tma": 11, "shared": 80, "uniform": 761}),
+}
+SASS_CLASSES = {"fp": r"^(F[A-Z0-9]*|HADD2|HMUL2|HFMA2|MUFU)(\.|$)",
+                "barrier": r"^(BAR|SYNCS|WARPGROUP|DEPBAR|MEMBAR|FENCE|WARPSYNC|ELECT|USETMAXREG|UCGABAR)",
+                "tma": r"^(UTMA|UBLKCP)", "shared": r"^(STS|LDS|STSM|LDSM)", "uniform": r"^U"}
+
+
+def sass_opcodes(sass):
+    """The opcodes (with modifiers, predicates dropped) of a SASS listing, in order."""
+    out = []
+    for line in sass.splitlines():
+        if re.search(r"/\*[0-9a-f]{4}\*/", line):
+            words = line.split("*/")[1].split(";")[0].split()
+            out.append(words[1] if words[0].startswith("@") else words[0])
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(SASS_BEFORE_BLOCKS), ids=lambda v: f"{v[0]}-beta{v[1]}-cluster{v[2]}")
+def test_sass_same_as_before_the_building_blocks(variant):
+    layout, beta, cluster = variant
+    from fakes import FakeTorchTensor
+    a = FakeTorchTensor((4096, 4096), "bfloat16", ptr=1 << 20)
+    b = FakeTorchTensor((4096, 4096), "bfloat16", ptr=1 << 30)
+    c = FakeTorchTensor((4096, 4096), "bfloat16", ptr=1 << 34)
+    p = Gemm(a, b, c, b_layout=layout, beta=beta, cluster_m=cluster)
+    assert (p.config.bn, p.config.stages) == (256, 4)
+    ops = sass_opcodes(_sass(p))
+    total, classes = SASS_BEFORE_BLOCKS[variant]
+    classes = dict(classes)
+    assert [op for op in ops if op.startswith("HGMMA")] == ["HGMMA.64x256x16.F32.BF16"] * 4
+    got = {name: sum(1 for op in ops if re.match(rx, op)) for name, rx in SASS_CLASSES.items()}
+    uniform = got.pop("uniform"), classes.pop("uniform")
+    assert got == classes  # floating point, barriers, TMA, shared memory: exactly as before
+    assert abs(uniform[0] - uniform[1]) <= 8, f"{uniform[0]} uniform-datapath instructions, {uniform[1]} before"
+    assert abs(len(ops) - total) <= 8, f"{len(ops)} SASS instructions, {total} before"
+    assert not [op for op in ops if op.startswith(("STL", "LDL"))]
