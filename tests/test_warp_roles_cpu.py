@@ -1,0 +1,61 @@
+"""CPU: the host side of numbatma.intrinsics.warp_roles - register budgets (the arithmetic and its refusals), the
+grouped tile order (a bijection that walks group_m tile rows at a time), persistent grids, and the factories'
+refusals. (The device blocks are compiled and checked through Gemm: tests/test_gemm_cpu.py.)"""
+import re
+
+import pytest
+
+from numbatma.intrinsics import (lagged_release, persistent_grid, pingpong, register_budget, store_buffers,
+                                 tile_origin)
+
+
+def test_register_budgets_fill_the_register_file():
+    assert register_budget(2) == (168, 40, 232, 2, 384)  # the GEMM / attention budgets
+    assert register_budget(1) == (248, 40, 256, 1, 256)
+    assert register_budget(3, producer=24) == (128, 24, 160, 3, 512)
+    for consumers in range(1, 8):
+        b = register_budget(consumers)
+        assert b.producer * 128 + consumers * b.consumer * 128 <= b.launch * b.threads <= 65536
+        assert b.launch % 8 == 0 and b.consumer % 8 == 0 and b.consumer >= b.launch
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0,), "consumers must be an int in 1..7 (8 warpgroups at most), got 0"),
+    ((2, 36), "producer must be a multiple of 8 in 24..256 (setmaxnreg's rule), got 36"),
+    ((2, 176), "producer=176 is more than the 168 registers"),
+    ((7, 72), "producer=72 is more than the 64 registers"),
+])
+def test_register_budget_refusals_name_the_value(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        register_budget(*args)
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, group_m", [(5, 7, 2), (8, 3, 8), (1, 9, 4), (13, 1, 3)])
+def test_tile_origin_is_a_grouped_bijection(tiles_m, tiles_n, group_m):
+    order = [tile_origin.py_func(t, tiles_m, tiles_n, group_m) for t in range(tiles_m * tiles_n)]
+    assert sorted(order) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    for t, (m, n) in enumerate(order):  # tile t lies in group t // (group_m * tiles_n): rows of that group only
+        first = t // (group_m * tiles_n) * group_m
+        assert first <= m < min(first + group_m, tiles_m)
+    assert order[:2] == [(0, 0), (min(1, tiles_m - 1), 0 if tiles_m > 1 else 1)]  # down the group first
+
+
+def test_persistent_grid():
+    assert persistent_grid(1000, 132) == 132
+    assert persistent_grid(7, 132) == 7
+    assert persistent_grid(0, 132) == 1
+    assert persistent_grid(1000, 132, 2) == 264
+    with pytest.raises(ValueError, match="sms must be an int >= 1, got 0"):
+        persistent_grid(10, 0)
+
+
+def test_factories_refuse_bad_constants():
+    with pytest.raises(ValueError, match="lag must be an int in 0..7 .*got 8"):
+        lagged_release(8)
+    with pytest.raises(ValueError, match="count must be an int in 1..8, got 0"):
+        store_buffers(0)
+    with pytest.raises(ValueError, match=r"consumers >= 2 .*got consumers=1"):
+        pingpong(1)
+    with pytest.raises(ValueError, match=r"within 1..15, got consumers=2, first_barrier=15"):
+        pingpong(2, 15)
+    assert len(pingpong(2)) == 4 and len(lagged_release(1)) == 2 and len(store_buffers(2)) == 2
