@@ -2,10 +2,12 @@
 kernel is made of, linked offline for sm_90a: every wgmma of a key block issued back to back (no wait between
 the k-steps of QKᵀ or of PV), no local memory, ``setmaxnreg`` kept, TMA loads and stores; other targets refuse
 it naming wgmma."""
+import functools
 import re
 
 import numpy as np
 import pytest
+from numba.cuda.typing.typeof import typeof
 
 from numbatma import TensorMapError
 from numbatma import compile as nbc
@@ -99,15 +101,21 @@ def test_work_items_and_flops():
     assert plan.output[1] is plan.lse
 
 
-_SASS = {}
+@functools.cache
+def _kernel_sass(kernel, types):
+    """SASS of ``kernel`` compiled for argument types ``types`` (sm_90a, the plans' register cap): compiled once per
+    kernel and types in a module run, so the plans below that share a kernel (the kernels are built once per
+    configuration) share its compile."""
+    return nbc.sass(nbc.compile_cubin(kernel.py_func, types, max_registers=MAX_REGISTERS))
+
+
+def _plan_sass(plan):
+    return _kernel_sass(plan.kernel, tuple(typeof(a) for a in plan.args))
 
 
 def _sass(d, causal, layout, schedule):
-    key = (d, causal, layout, schedule)
-    if key not in _SASS:
-        plan = Attention(*arrays(d=d, layout=layout, hk=2), causal=causal, layout=layout, schedule=schedule)
-        _SASS[key] = (plan, nbc.sass(nbc.compile_cubin(plan.kernel.py_func, plan.args, max_registers=MAX_REGISTERS)))
-    return _SASS[key]
+    plan = Attention(*arrays(d=d, layout=layout, hk=2), causal=causal, layout=layout, schedule=schedule)
+    return plan, _plan_sass(plan)
 
 
 def _ops(sass):
@@ -239,7 +247,7 @@ DEFAULT_PTX_MIX = {"ex2.approx.f32": 132, "fma.rn.f32": 28, "max.f32": 140, "mul
 
 def _mix(d, scale, causal=False, schedule=None):
     plan = Attention(*arrays(d=d, hk=2), causal=causal, scale=scale, schedule=schedule)
-    sass = nbc.sass(nbc.compile_cubin(plan.kernel.py_func, plan.args, max_registers=MAX_REGISTERS))
+    sass = _plan_sass(plan)
     ops = [line.split("*/")[1].split(";")[0].split()[0] for line in sass.splitlines()
            if "*/" in line and line.split("*/")[1].strip()]
     mix = {name: ops.count(name) for name in DEFAULT_MIX}
