@@ -11,13 +11,18 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 SIM_FILES = sorted(p.name for p in (HERE / "sim").glob("test_*.py"))
+# Seconds each file took on its own (2 cores, a busy machine, 2026-11-27): only to start the long ones first.
+SECONDS = {"test_sim_attention.py": 206, "test_sim_planted_bugs.py": 48, "test_sim_wgmma_hazards.py": 38,
+           "test_sim_gemm.py": 37, "test_sim_wgmma.py": 30, "test_sim_plan_cache.py": 26, "test_sim_swizzle.py": 22,
+           "test_sim_parity.py": 16, "test_sim_mma.py": 15, "test_sim_kernels.py": 13, "test_sim_exact_store.py": 13,
+           "test_sim_bulk.py": 13, "test_sim_im2col.py": 12}
 # Long files run as several subprocesses, each with every n-th test (NUMBATMA_SIM_SHARD, tests/sim/conftest.py), so
-# that no one file holds a worker for minutes; measured on 2 cores (seconds for the whole file, a busy machine).
+# that no one file holds a worker for minutes.
 SHARDS = {"test_sim_attention.py": 4}
-# (shards first, the longest first: tests/conftest.py moves these tests to the front of the session, so that xdist
-# starts the long subprocesses before the many short tests)
-RUNS = ([(name, k, n) for name, n in sorted(SHARDS.items(), key=lambda kv: -kv[1]) for k in range(n)]
-        + [(name, 0, 1) for name in SIM_FILES if name not in SHARDS])
+# The subprocess tests, longest first (tests/conftest.py moves them to the front of the session, so that xdist
+# starts the long ones before the many short tests and no worker is left with one at the end).
+RUNS = sorted(((name, k, SHARDS.get(name, 1)) for name in SIM_FILES for k in range(SHARDS.get(name, 1))),
+              key=lambda run: -SECONDS.get(run[0], 0) / run[2])
 # (one file in a subprocess, given up to 600 s below: over the GPU suite's per-test limit, which once ended the
 # worker of the whole simulator suite on a busy machine)
 if importlib.util.find_spec("pytest_timeout"):
@@ -37,7 +42,7 @@ def run_simulator_file(name, k=0, n=1):
 
 def test_simulator_folder_is_not_empty():
     assert len(SIM_FILES) > 10, SIM_FILES
-    assert set(SHARDS) <= set(SIM_FILES), sorted(set(SHARDS) - set(SIM_FILES))
+    assert set(SHARDS) | set(SECONDS) <= set(SIM_FILES), sorted((set(SHARDS) | set(SECONDS)) - set(SIM_FILES))
 
 
 @pytest.mark.parametrize("name, k, n", RUNS, ids=[name[:-3] + (f"-{k + 1}of{n}" if n > 1 else "") for name, k, n in RUNS])
