@@ -5,19 +5,22 @@ import pytest
 
 from gpuinfo import gpu_reason
 
-# The quick subset (``pytest -m quick``): host-side rules and validation, plan rules, the PTX registry and a few
-# link / SASS checks, and a few simulator files (as tests/test_simulator.py's subprocess tests and, run directly
-# under NUMBA_ENABLE_CUDASIM=1, as themselves). Chosen for a few seconds each on 2 cores; the full suite covers the
-# rest.
+# The quick subset (``pytest -m quick``, about a minute on 2 cores where the whole suite takes several): host-side
+# rules and validation, plan rules, the PTX registry, PTX / link / SASS checks, and a few simulator files (as
+# tests/test_simulator.py's subprocess tests and, run directly under NUMBA_ENABLE_CUDASIM=1, as themselves). Files
+# of seconds each on 2 cores; the kernel libraries' compiles, the examples and the long simulator files are left to
+# the whole suite.
 QUICK_FILES = frozenset({
-    # host validation, plans and their rules
+    # host validation, plans and their rules, error messages
     "test_host_rules_cpu.py", "test_plan_rules_cpu.py", "test_tensormap_validation.py", "test_launch_params.py",
-    "test_kernel_plans_cpu.py", "test_import_graph.py", "test_ptx_registry.py", "test_typing_messages_cpu.py",
-    # PTX, link and SASS checks
-    "test_accumulator_cpu.py", "test_descriptor_cpu.py",
-    # simulator files
+    "test_kernel_plans_cpu.py", "test_plan_cache_cpu.py", "test_devices_cpu.py", "test_import_graph.py",
+    "test_ptx_registry.py", "test_typing_messages_cpu.py", "test_error_battery.py",
+    # PTX, link and SASS checks: every intrinsic in PTX and linked for each target, TMA, descriptor, wgmma, swizzle
+    "test_compile.py", "test_accumulator_cpu.py", "test_descriptor_cpu.py", "test_wgmma_cpu.py",
+    "test_tma_ops_cpu.py", "test_swizzle_cpu.py",
+    # simulator files (semantics, diagnostics, a few intrinsic families)
     "test_simulator.py", "test_sim_accumulator.py", "test_sim_cluster.py", "test_sim_descriptor.py",
-    "test_sim_diagnostics.py",
+    "test_sim_diagnostics.py", "test_sim_semantics.py", "test_sim_tma_ops.py", "test_sim_streams.py",
 })
 
 
