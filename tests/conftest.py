@@ -57,21 +57,31 @@ def mark_quick(items):
             item.add_marker(pytest.mark.quick)
 
 
-def simulator_subprocesses_first(items):
-    """tests/test_simulator.py's subprocess tests (each a file or a shard of one under the simulator, seconds to
-    minutes) go to the front, in that file's order (longest first): under xdist they start first, so that no
-    worker is left with a long one at the end while the other is idle."""
-    first = [item for item in items if os.path.basename(str(item.fspath)) == "test_simulator.py"]
-    if first:
-        rest = [item for item in items if os.path.basename(str(item.fspath)) != "test_simulator.py"]
-        items[:] = first + rest
+def spread_simulator_subprocesses(items):
+    """Spreads tests/test_simulator.py's subprocess tests (each a file or a shard of one under the simulator, seconds
+    to a minute or two) evenly through the session, in that file's order (longest first). xdist (--dist load) hands
+    each worker a block of consecutive tests up front and the rest in shrinking blocks from the front as workers
+    free up: spread out, the long subprocesses land in different workers' blocks, early, instead of all in the
+    first worker's block (which then finishes minutes after the others)."""
+    sims = [item for item in items if os.path.basename(str(item.fspath)) == "test_simulator.py"]
+    rest = [item for item in items if os.path.basename(str(item.fspath)) != "test_simulator.py"]
+    if not sims or not rest:
+        return
+    step = len(rest) / len(sims)
+    spread, j = [], 0
+    for i, item in enumerate(rest):
+        while j < len(sims) and j * step <= i:
+            spread.append(sims[j])
+            j += 1
+        spread.append(item)
+    items[:] = spread + sims[j:]
 
 
 @pytest.hookimpl(tryfirst=True)  # (before -m selects by marker)
 def pytest_collection_modifyitems(config, items):
     # one named function per purpose: mark the GPU tests to skip, then drop the deselected ones, mark the quick
-    # subset, start the simulator subprocesses first
+    # subset, spread the simulator subprocesses
     skip_gpu_tests_without_a_gpu(items)
     deselect_by_pattern(config, items)
     mark_quick(items)
-    simulator_subprocesses_first(items)
+    spread_simulator_subprocesses(items)

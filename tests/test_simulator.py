@@ -19,8 +19,8 @@ SECONDS = {"test_sim_attention.py": 206, "test_sim_planted_bugs.py": 48, "test_s
 # Long files run as several subprocesses, each with every n-th test (NUMBATMA_SIM_SHARD, tests/sim/conftest.py), so
 # that no one file holds a worker for minutes.
 SHARDS = {"test_sim_attention.py": 4}
-# The subprocess tests, longest first (tests/conftest.py moves them to the front of the session, so that xdist
-# starts the long ones before the many short tests and no worker is left with one at the end).
+# The subprocess tests, longest first (tests/conftest.py spreads them through the session in this order, so that
+# xdist starts the long ones early, on different workers, and no worker is left with one at the end).
 RUNS = sorted(((name, k, SHARDS.get(name, 1)) for name in SIM_FILES for k in range(SHARDS.get(name, 1))),
               key=lambda run: -SECONDS.get(run[0], 0) / run[2])
 # (one file in a subprocess, given up to 600 s below: over the GPU suite's per-test limit, which once ended the
