@@ -172,6 +172,9 @@ def sass_opcodes(sass):
 
 @pytest.mark.parametrize("variant", sorted(SASS_BEFORE_BLOCKS), ids=lambda v: f"{v[0]}-beta{v[1]}-cluster{v[2]}")
 def test_sass_same_as_before_the_building_blocks(variant):
+    from toolchain import require_measured_toolchain
+
+    require_measured_toolchain()
     layout, beta, cluster = variant
     from fakes import FakeTorchTensor
     a = FakeTorchTensor((4096, 4096), "bfloat16", ptr=1 << 20)
