@@ -126,3 +126,19 @@ def test_flash_attention_example_runs_in_the_simulator_without_a_gpu():
                          timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "head dim 128: OK" in out.stdout
+
+
+def test_warp_roles_gemm_example_compiles_to_hgmma_without_local_memory():
+    """examples/warp_roles_gemm.py (built from numbatma.intrinsics.warp_roles) compiles for sm_90a: four
+    back-to-back HGMMA per k-step, setmaxnreg, TMA loads and stores, and no local memory."""
+    m = load("warp_roles_gemm")
+    a, b, c = (FakeCudaArray(s, np.float16, ptr=p) for s, p in
+               (((1000, 512), 1 << 20), ((768, 512), 1 << 30), ((1000, 768), 1 << 34)))
+    plan = m.WarpRolesGemm(a, b, c, grid=132)
+    sass = nbc.sass(nbc.compile_cubin(m.warp_roles_gemm.py_func, plan.args, max_registers=m.BUDGET.launch))
+    assert sass.count("HGMMA.64x128x16.F32") == 4 and sass.count("USETMAXREG") == 2
+    assert "UTMALDG.2D" in sass and "UTMASTG.2D" in sass
+    assert "STL" not in sass and "LDL" not in sass
+    ops = [line.split("*/")[1].split()[0] for line in sass.splitlines() if "*/" in line and "HGMMA" in line]
+    assert ops == ["HGMMA.64x128x16.F32"] * 4, ops
+    assert plan.grid == 48  # persistent_grid: never more CTAs than the 8 x 6 tiles (132 SMs asked for)
