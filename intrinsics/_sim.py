@@ -75,6 +75,7 @@ import time
 
 import numpy as np
 
+from numbatma import errors
 from numbatma._numba_internals import simulated_block, simulated_block_dim  # (numba's simulator threads)
 from numbatma.intrinsics import _sim_memory  # (the shared-memory hazards: re-exported below)
 
@@ -99,16 +100,10 @@ def notify(key):
         cond.notify_all()
 
 
-class SimulatedHang(RuntimeError):
-    """Every live thread of a block waits on something that can no longer happen."""
-
-
-class SimulatedMisuse(RuntimeError):
-    """An operation whose result on the GPU would be undefined (wrong byte counts, uninitialised barrier)."""
-
-
-class SimulatedTypingError(SimulatedMisuse, TypeError):
-    """An operand the GPU build refuses at typing time (a numba TypingError there), with the typer's words."""
+# The simulator's exceptions are the host's (numbatma/errors.py: public as numbatma.SimulatedHang & co.).
+SimulatedHang = errors.SimulatedHang
+SimulatedMisuse = errors.SimulatedMisuse
+SimulatedTypingError = errors.SimulatedTypingError
 
 
 # -- per-block state ----------------------------------------------------------------------------------------

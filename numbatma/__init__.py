@@ -48,6 +48,7 @@ else:
 
 from .cluster import cluster_kernel, cluster_launch_bounds, max_active_clusters, with_cluster  # noqa: E402
 from .devices import array_device, enable_peer_access, peer_access_enabled  # noqa: E402
+from .errors import SimulatedHang, SimulatedMisuse, SimulatedTypingError  # noqa: E402 (the simulator's exceptions)
 from .im2col import Im2colTensorMap  # noqa: E402
 from .launch import dependent_launch, prepare_launch  # noqa: E402
 from .views import ArrayLayout, DeviceView, launch_argument  # noqa: E402
@@ -87,22 +88,3 @@ __all__ = [
     "SimulatedMisuse",
     "SimulatedTypingError",
 ]
-
-_SIMULATOR_ERRORS = ("SimulatedHang", "SimulatedMisuse", "SimulatedTypingError")
-
-
-def __getattr__(name):
-    """The simulator's exceptions (``numbatma.SimulatedHang``: every thread waits on something no thread can
-    complete; ``SimulatedMisuse``: a rule the GPU punishes; ``SimulatedTypingError``: an operand the GPU build
-    refuses while typing): the simulator engine's, which the device package registers when it is imported
-    (``numbatma/_registry.py``: the host never imports ``numbatma.intrinsics``); also on the GPU path."""
-    if name in _SIMULATOR_ERRORS:
-        from ._registry import simulator
-
-        engine = simulator()
-        if engine is None:
-            raise AttributeError(
-                f"numbatma.{name} is the simulator engine's exception, registered by numbatma.intrinsics when it is "
-                f"imported, and numbatma.intrinsics is not imported yet: import numbatma.intrinsics first")
-        return getattr(engine, name)
-    raise AttributeError(f"module 'numbatma' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Typing errors that point at the user's kernel line.
+"""Typing errors that point at the user's kernel line; the simulator's exceptions.
 
 Every rule an intrinsic's typer enforces is raised as :class:`TypingError` (a subclass of Numba's
 ``numba.core.errors.TypingError``, so ``except TypingError`` / ``pytest.raises(TypingError)`` written
@@ -107,3 +107,16 @@ def relocate(errors, loc, failed):
     else:
         chosen = next((e for e in errors if e.fatal), None)
     return None if chosen is None else chosen.at(loc)
+
+
+# -- the simulator's exceptions (raised by its engine, intrinsics/_sim.py; public as numbatma.SimulatedHang & co.) ----
+class SimulatedHang(RuntimeError):
+    """Every live thread of a block waits on something that can no longer happen."""
+
+
+class SimulatedMisuse(RuntimeError):
+    """An operation whose result on the GPU would be undefined (wrong byte counts, uninitialised barrier)."""
+
+
+class SimulatedTypingError(SimulatedMisuse, TypeError):
+    """An operand the GPU build refuses at typing time (a numba TypingError there), with the typer's words."""
