@@ -478,15 +478,15 @@ def _runtime_indices(func_ir, line):
 
 
 def _sim_refusal(frame, reason):
-    """The engine's ``SimulatedTypingError`` (a plain TypeError while no engine is registered: a kernel that uses
-    no numbatma operation) starting with the kernel's file:line and quoting it."""
-    engine = _registry.simulator()
-    error = TypeError if engine is None else engine.SimulatedTypingError
+    """A :class:`numbatma.errors.SimulatedTypingError` (also a TypeError) starting with the kernel's file:line and
+    quoting it - the same class whether or not the kernel uses a numbatma operation."""
+    from .errors import SimulatedTypingError
+
     filename, line = frame.f_code.co_filename, frame.f_lineno
     import linecache
 
     source = linecache.getline(filename, line).strip()
-    return error(f"{filename}:{line}: {reason}" + (f"\n    {line} | {source}" if source else ""))
+    return SimulatedTypingError(f"{filename}:{line}: {reason}" + (f"\n    {line} | {source}" if source else ""))
 
 
 def check_constant_operand(frame, what, owner=None):
