@@ -1,18 +1,17 @@
-"""Device-side pieces shared by the ready-made kernels, written once: the grid-dependency prologue. The persistent
-tile loop (``persistent_share``) and the TMA-store tail (``store_release``) are public blocks of
-numbatma.intrinsics.warp_roles, re-exported here.
+"""Device-side pieces shared by the ready-made kernels, written once: the grid-dependency prologue (the persistent
+tile loop ``persistent_share`` and the TMA-store tail ``store_release`` are public blocks of
+numbatma.intrinsics.warp_roles, which the kernels import from there).
 
-All are ``cuda.jit(device=True, inline="always")`` functions (or factories of them, for compile-time
-constants such as ``lag``): after inlining the kernel is the same code as when written out by hand.
+A ``cuda.jit(device=True, inline="always")`` function: after inlining the kernel is the same code as when written
+out by hand.
 """
 from __future__ import annotations
 
 from numba import cuda
 
-from numbatma.intrinsics import (griddepcontrol_launch_dependents, griddepcontrol_wait, persistent_share,
-                                 store_release)  # (the last two: public blocks of numbatma.intrinsics.warp_roles)
+from numbatma.intrinsics import griddepcontrol_launch_dependents, griddepcontrol_wait
 
-__all__ = ["persistent_share", "store_release", "grid_dependency_sync"]
+__all__ = ["grid_dependency_sync"]
 
 
 @cuda.jit(device=True, inline="always")

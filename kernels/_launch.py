@@ -8,6 +8,7 @@ import numpy as np
 
 from numbatma import SIMULATING, TensorMapError, array_layout, byte_span
 from numbatma.devices import current_device
+from numbatma.intrinsics import persistent_grid as _persistent_grid
 
 # Shared memory on H100/H200 (and B200): per-block opt-in maximum (static + dynamic), and per SM (the
 # system keeps 1 KiB of it per resident CTA).
@@ -54,9 +55,9 @@ def _sm_count(device_id):
 
 def persistent_grid(ntiles, ctas_per_sm=1, device_id=None):
     """Blocks for a persistent kernel on device ``device_id`` (default: the current one, see :func:`sm_count`): enough
-    to fill the GPU, never more than there are tiles. (The device side of the loop is
-    :func:`numbatma.kernels._device.persistent_share`.)"""
-    return max(1, min(ntiles, sm_count(device_id) * ctas_per_sm))
+    to fill the GPU, never more than there are tiles: :func:`numbatma.intrinsics.warp_roles.persistent_grid` with
+    that device's SM count. (The device side of the loop is ``numbatma.intrinsics.persistent_share``.)"""
+    return _persistent_grid(int(ntiles), int(sm_count(device_id)), int(ctas_per_sm))
 
 
 def ceil_div(a, b):

@@ -12,10 +12,10 @@ from __future__ import annotations
 from numba import cuda, float32
 
 from numbatma import TensorMap, TensorMapError, array_layout, launch_argument
-from numbatma.intrinsics import Pipeline, shared_view
+from numbatma.intrinsics import Pipeline, persistent_share, shared_view
 
 from ._compile_cache import kernel_factory
-from ._device import grid_dependency_sync, persistent_share
+from ._device import grid_dependency_sync
 from ._launch import ceil_div, next_pow2
 from ._options import bool_option
 from ._plan import run

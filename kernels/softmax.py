@@ -31,12 +31,14 @@ from numbatma.intrinsics import (
     bulk_wait_group,
     bulk_wait_group_read,
     fence_proxy_async_shared_cta,
+    persistent_share,
     shared_view,
+    store_release,
     tma_store,
 )
 
 from ._compile_cache import kernel_factory
-from ._device import grid_dependency_sync, persistent_share, store_release
+from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import ceil_div, next_pow2
 from ._options import bool_option, int_option

@@ -20,13 +20,15 @@ from numbatma.intrinsics import (
     fence_proxy_async_shared_cta,
     l2_policy_evict_first,
     named_barrier_sync,
+    persistent_share,
     shared_view,
+    store_release,
     tma_store,
     tma_store_hinted,
 )
 
 from ._compile_cache import kernel_factory
-from ._device import grid_dependency_sync, persistent_share, store_release
+from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import MAX_BOX, SMEM_PER_BLOCK, ceil_div, persistent_grid, same_layout, slot_elems
 from ._options import bool_option, int_option, scalar_option

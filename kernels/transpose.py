@@ -40,12 +40,13 @@ from numbatma.intrinsics import (
     elect_one_sync,
     fence_proxy_async_shared_cta,
     named_barrier_sync,
+    persistent_share,
     shared_view,
     tma_store,
 )
 
 from ._compile_cache import kernel_factory
-from ._device import grid_dependency_sync, persistent_share
+from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from ._launch import MAX_BOX, SMEM_PER_BLOCK, SMEM_PER_SM, ceil_div, persistent_grid
 from ._options import choice_option, int_option
