@@ -206,6 +206,8 @@ class Plan(metaclass=_PlanType):
         :attr:`may_alias`. Two arguments that are only read may overlap."""
         cls = type(self)
         names = _argument_names(cls)
+        facts = _positional_facts(arrays)  # (recorded below: what a later re-point moves the plan from)
+        read = {} if facts is None else {k: f for k, f in zip(names, facts) if f is not None}
         named = list(zip(names, arrays)) + [(k, v) for k, v in options.items() if k in names[len(arrays):]]
         named = [(k, v) for k, v in named if not is_scalar(v) and _looks_like_array(v)]
         if cls.writes is not None:
@@ -215,20 +217,23 @@ class Plan(metaclass=_PlanType):
             outs = out if isinstance(out, tuple) else (out,)
             written = frozenset(k for k, v in named if any(v is o for o in outs))
         state = self.__dict__
-        state["_arg_names"], state["_written"] = names, written
+        state["_arg_names"], state["_written"], state["_user_facts"] = names, written, facts
         _check_written(cls.__name__, [(k, v) for k, v in named if k in written])
-        _check_overlap(cls.__name__, [(k, layout_facts(v)) for k, v in named], written, cls.may_alias,
+        _check_overlap(cls.__name__, [(k, read.get(k) or layout_facts(v)) for k, v in named], written, cls.may_alias,
                        cls.overlap_note)
 
-    def _check_new_arrays(self, arrays, facts):
+    def _check_new_arrays(self, arrays, facts, overlap=True):
         """:meth:`_check_arguments` for the positional ``arrays`` (``facts``: their layout_facts, None for a scalar)
-        a built plan is re-pointed at."""
+        a built plan is re-pointed at. ``overlap``: True, or the pairs of arguments that overlap as the caller found
+        them (none: no overlap to look at)."""
         names, written = self._arg_names, self._written
         if names is None:
             return
-        named = [(k, f) for k, f in zip(names, facts) if f is not None]
-        _check_written(type(self).__name__, [(k, a) for k, a in zip(names, arrays) if k in written])
-        _check_overlap(type(self).__name__, named, written, type(self).may_alias, type(self).overlap_note)
+        if written:
+            _check_written(type(self).__name__, [(k, a) for k, a in zip(names, arrays) if k in written])
+        if overlap:
+            named = [(k, f) for k, f in zip(names, facts) if f is not None]
+            _check_overlap(type(self).__name__, named, written, type(self).may_alias, type(self).overlap_note)
 
     @property
     def args(self):
@@ -249,6 +254,12 @@ class Plan(metaclass=_PlanType):
         self.__dict__["_owned"] = self._owned + ((array, make, layout_facts(array)),)
         self.__dict__["_rebind_map"] = None
         return array
+
+    @property
+    def owned_outputs(self):
+        """The outputs this plan made with :meth:`owned_output` (a tuple; empty for most plans). They are made while
+        the plan is built, so whether a plan has any is fixed for its life."""
+        return tuple(o[0] for o in self._owned)
 
     def fresh_outputs(self):
         """Make every output of :meth:`owned_output` again (``make()``) and re-point whatever refers to the old
@@ -273,6 +284,63 @@ class Plan(metaclass=_PlanType):
         launch patches the replaced views and arrays into it (or prepares again where it cannot). Raises
         :class:`NotRebindable` where it cannot (a view it cannot re-make, an address inside two inputs that moved
         differently); the plan is then in an undefined state and must be dropped."""
+        facts = self._checked_facts(arrays)
+        self._check_new_arrays(arrays, facts)
+        return self._repoint(arrays, facts)
+
+    def reuse(self, arrays, *, facts=None, overlap=True):
+        """Make this plan launch on ``arrays`` (the arguments it was built from, scalars included, in the same order;
+        a tuple), with fresh :meth:`owned_output` outputs: the one call a cache of plans makes on a plan it keeps
+        (:func:`run`'s does). Returns the plan.
+
+        * The same arrays as now (the same objects at the same addresses): nothing to do, except that a plan with
+          outputs of its own makes them again (:meth:`fresh_outputs`), so each call gets its own.
+        * Other arrays (or the same objects moved): the argument rules first (no written array read-only, no overlap
+          but the exact aliases the class allows: :meth:`_check_arguments`' rules), then the plan is re-pointed at
+          them as :meth:`rebind` does.
+
+        ``facts``: None (``reuse`` reads each array and checks what :meth:`rebind` checks: the same count of
+        arguments, each array of the layout the plan was built for, the same scalars, the plan's device), or the
+        arguments' :func:`numbatma.layout_facts` (None for a scalar) as the caller read them just now - then the
+        caller guarantees what :meth:`rebind` would check (a cache key of the layouts, scalars and device does).
+        ``overlap``: True (found here), or the pairs ``(j, i)`` of arguments whose bytes overlap, as the caller
+        found them (``()``: none; the key of :func:`run` holds them).
+
+        Raises :class:`numbatma.TensorMapError` for arrays the argument rules refuse; nothing was changed then and the
+        plan may be kept for other arrays. Raises :class:`NotRebindable` where the re-point fails (whatever the
+        cause: the original exception is its ``__cause__``); the plan is then in an undefined state and must be
+        dropped (build a new one)."""
+        if type(arrays) is not tuple:
+            arrays = tuple(arrays)
+        if facts is None:
+            facts = self._checked_facts(arrays)
+        if self._points_at(arrays, facts):
+            if not self._owned:
+                return self
+        else:  # (the argument rules first: a refusal leaves the plan as it was)
+            self._check_new_arrays(arrays, facts, overlap)
+        try:
+            return self._repoint(arrays, facts, fresh=True, overlap=overlap)
+        except NotRebindable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a re-point the driver refused, a make() that failed: drop the plan
+            raise NotRebindable(f"{type(self).__name__}: re-pointing the plan failed: {exc}") from exc
+
+    def _points_at(self, arrays, facts):
+        """Whether the plan points at ``arrays`` now: the same objects, at the same addresses (``facts``; a torch
+        tensor can move in place: ``set_``, ``resize_``)."""
+        old = self._user_arrays
+        if len(arrays) != len(old):
+            return False
+        old_facts = self._facts()
+        for a, b, f, g in zip(arrays, old, facts, old_facts):
+            if a is not b or f is not None and f[0] != g[0]:
+                return False
+        return True
+
+    def _checked_facts(self, arrays):
+        """The layout_facts of ``arrays`` (None for a scalar), after :meth:`rebind`'s checks: the count, the device,
+        the same scalars, the layouts the plan was built for (NotRebindable otherwise)."""
         old = self._user_arrays
         if len(old) != len(arrays):
             raise NotRebindable(f"{type(self).__name__} was built from {len(old)} arguments, got {len(arrays)}")
@@ -300,8 +368,7 @@ class Plan(metaclass=_PlanType):
                 raise NotRebindable(f"{ln.name} with byte strides {ln.strides} is not the layout the plan was "
                                     f"built for ({lo_.name} with byte strides {lo_.strides})")
             facts.append(fn)
-        self._check_new_arrays(arrays, facts)
-        return self._repoint(arrays, tuple(facts))
+        return tuple(facts)
 
     def _facts(self):
         """The layout_facts of the arguments (None for a scalar) as the plan last saw them."""
@@ -452,6 +519,15 @@ def _argument_names(cls):
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
         names = _names[cls] = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     return names
+
+
+def _positional_facts(arrays):
+    """The layout_facts of ``arrays`` (None for a scalar), or None where one cannot be read (then :meth:`Plan._facts`
+    reads them when a re-point needs them, and says why it cannot)."""
+    try:
+        return tuple(None if is_scalar(a) else layout_facts(a) for a in arrays)
+    except Exception:  # noqa: BLE001 - (an argument the intake does not read: not re-pointable, said at a rebind)
+        return None
 
 
 def _check_written(op, named):

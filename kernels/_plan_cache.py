@@ -1,6 +1,10 @@
 """The function forms' plan cache: :func:`run` (what ``stream_copy(...)``, ``gemm(...)`` ... call) keeps the plans it
-built in a small LRU cache and re-points a cached plan at the new arrays (:meth:`numbatma.kernels.Plan.rebind`)
-instead of building it again."""
+built in a small LRU cache and re-points a cached plan at the new arrays instead of building it again.
+
+It uses a plan through the plan contract only (a CPU test reads this module and fails on any underscore attribute of a
+plan): the plan class's ``rebindable``, building a plan, ``plan.cacheable``, ``plan.owned_outputs``,
+``plan.reuse(arrays, facts=..., overlap=...)`` (the argument rules for new arrays, the re-point, fresh owned outputs;
+see :meth:`numbatma.kernels.Plan.reuse`) and ``plan.launch(stream)``."""
 from __future__ import annotations
 
 import itertools
@@ -12,7 +16,7 @@ from numbatma.devices import DEVICE_READERS as _device_readers
 from numbatma.devices import array_device, current_device, device_reader, several_devices
 from numbatma.launch import scalar_key
 
-from ._rebind import _scalar_types
+from ._rebind import NotRebindable, _scalar_types
 from ._rebind import is_scalar as _is_scalar
 from ._rebind import overlapping
 
@@ -36,10 +40,11 @@ _tick = operator.attrgetter("tick")
 class _Entry:
     """A cached plan and its key, with what :func:`run` needs to tell that a call repeats the plan's last one: that
     call's arguments (the objects), options, each array's layout facts (address, and the interned shape, strides and
-    dtype of :func:`numbatma.layout_record`; None for a scalar) and the overlapping pairs as the key found them (what a
-    plan with outputs of its own is re-pointed with). ``tick`` orders uses (LRU); ``hits``: hits counted while
+    dtype of :func:`numbatma.layout_record`; None for a scalar), the overlapping pairs as the key found them (what a
+    plan with outputs of its own is re-pointed with) and ``owned``: whether the plan has outputs of its own
+    (:attr:`Plan.owned_outputs`, fixed once it is built). ``tick`` orders uses (LRU); ``hits``: hits counted while
     the entry is its plan class's last call (owned by the call that took it, so counted without the lock)."""
-    __slots__ = ("key", "plan", "arrays", "options", "facts", "overlap", "tick", "hits", "generation")
+    __slots__ = ("key", "plan", "arrays", "options", "facts", "overlap", "owned", "tick", "hits", "generation")
 
     def __init__(self, key, plan):
         self.key, self.plan, self.hits, self.generation = key, plan, 0, _generation[0]
@@ -220,12 +225,13 @@ def run(plan_class, *arrays, stream=None, **options):
       same argument objects, each at the same address with the same layout, and the same options
       (:func:`_repeats`), launches that plan as it is: no key is built, nothing is re-pointed (each array read once,
       a dict take and put back, the launch).
-    * **Other arrays** (or the same objects at other addresses) of a cached key: the plan is re-pointed at them
+    * **Other arrays** (or the same objects at other addresses) of a cached key: :meth:`Plan.reuse` checks the
+      argument rules for them (a refusal is raised to the caller, the plan stays cached) and re-points the plan
       (:meth:`Plan.rebind`'s work: its map of where each argument's descriptors, views and references sit is made
       once and compiled into one function that each re-point runs; descriptors are re-pointed in place, the
       prepared launch gets the new views' and arrays' addresses patched into its parameter block at the launch).
     * A plan with outputs of its own (:meth:`Plan.owned_output`, e.g. attention's ``lse``) gets fresh ones
-      (:meth:`Plan.fresh_outputs`) every call, a repeated call too, so each call returns its own.
+      (:meth:`Plan.reuse`) every call, a repeated call too, so each call returns its own.
 
     A re-point that fails builds a fresh plan. Plan classes with ``rebindable = False`` and plans whose
     ``cacheable`` is False are built every call. A plan in use is taken out of the cache (a concurrent call with the
@@ -242,9 +248,9 @@ def run(plan_class, *arrays, stream=None, **options):
             repeated = False
         if repeated:
             plan = entry.plan
-            if plan._owned:  # (outputs of its own, e.g. attention's lse: fresh ones each call)
+            if entry.owned:  # (outputs of its own, e.g. attention's lse: fresh ones each call)
                 try:
-                    plan._repoint(arrays, entry.facts, fresh=True, overlap=entry.overlap)
+                    plan.reuse(arrays, facts=entry.facts, overlap=entry.overlap)
                 except Exception:  # noqa: BLE001 - the keyed path re-points again, or builds a new plan
                     return _run_keyed(plan_class, entry, arrays, stream, options)
             entry.hits += 1
@@ -286,26 +292,22 @@ def _run_keyed(plan_class, hot, arrays, stream, options):
     plan = None
     if entry is not None:
         plan = entry.plan
-        if overlap or plan._written:  # (the argument rules for the new arrays: overlaps the key admits, read-only)
-            try:
-                plan._check_new_arrays(arrays, facts)
-            except Exception:
-                with _cache_lock:  # (the entry goes back: its plan is fine for other arrays)
-                    _retire(entry)
-                raise
-        try:
-            if plan._owned or not _same_arrays(plan, arrays, facts):
-                plan._repoint(arrays, facts, fresh=True, overlap=overlap)
-        except Exception:  # noqa: BLE001 - NotRebindable, or a re-point the driver refused: a fresh plan is always right
+        try:  # (the key vouches for the layouts, scalars and device: Plan.reuse's facts)
+            plan.reuse(arrays, facts=facts, overlap=overlap)
+        except NotRebindable:  # (a re-point that failed, whatever the cause: a fresh plan is always right)
             with _cache_lock:
                 _stats["rebind_failed"] += 1
                 _stats["hits"] += entry.hits
             plan = entry = None
+        except Exception:  # (the argument rules refused the arrays: read-only output, an overlap the key admits)
+            with _cache_lock:  # (the entry goes back: reuse changed nothing, its plan is fine for other arrays)
+                _retire(entry)
+            raise
     if plan is None:
-        plan = plan_class(*arrays, **options)
-        plan.__dict__["_user_facts"] = facts
+        plan = plan_class(*arrays, **options)  # (it records the arrays' layout facts as it checks them)
         entry = _Entry(key, plan)
     entry.arrays, entry.options, entry.facts, entry.overlap, entry.tick = arrays, options, facts, overlap, next(_ticks)
+    entry.owned = bool(plan.owned_outputs)
     out = plan.launch(stream)
     if plan.cacheable:
         with _cache_lock:
@@ -323,12 +325,3 @@ def _run_keyed(plan_class, hot, arrays, stream, options):
             _stats["hits"] += entry.hits
     return out
 
-
-def _same_arrays(plan, arrays, facts):
-    """Whether ``plan`` already points at ``arrays``: the same objects, at the same addresses (a torch tensor can
-    move in place: ``set_``, ``resize_``)."""
-    old, old_facts = plan._user_arrays, plan._facts()
-    for a, b, f, g in zip(arrays, old, facts, old_facts):
-        if a is not b or f is not None and f[0] != g[0]:
-            return False
-    return True

@@ -699,3 +699,116 @@ def test_one_rule_for_the_same_scalar():
     assert not same_scalar(0.0, -0.0) and not same_scalar(np.float32(0), np.float32(-0.0))
     assert not same_scalar(2.0, np.float64(2.0)) and not same_scalar(2, 2.0) and not same_scalar(nan, float("nan"))
     assert _plan._same_arguments((float("1.5"), 3), (1.5, 3)) and not _plan._same_arguments((-0.0,), (0.0,))
+
+
+# -- the plan-cache contract: the cache uses a plan through its public methods only --------------------------------
+def _private_plan_uses(source):
+    """Where ``source`` touches a plan's private state: ``<...plan>._name`` (a name or attribute called ``plan``, or
+    a variable bound from ``<...>.plan``), ``getattr(plan, "_name")`` / ``setattr``, and any ``.__dict__``."""
+    import ast
+
+    tree = ast.parse(source)
+    plan_names = {"plan"}
+    for node in ast.walk(tree):  # (plan = entry.plan, p = plan_class(...): every name bound from a plan-ish value)
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Attribute, ast.Call)):
+            value = node.value.func if isinstance(node.value, ast.Call) else node.value
+            if isinstance(value, ast.Attribute) and value.attr == "plan" or \
+                    isinstance(value, ast.Name) and value.id in ("plan_class", "cls"):
+                plan_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+
+    def is_plan(expr):
+        return isinstance(expr, ast.Name) and expr.id in plan_names or \
+            isinstance(expr, ast.Attribute) and expr.attr == "plan"
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if node.attr == "__dict__" or node.attr.startswith("_") and is_plan(node.value):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("getattr", "setattr", "hasattr", "delattr", "vars") and node.args:
+            name = node.args[1] if len(node.args) > 1 else None
+            if node.func.id == "vars" and is_plan(node.args[0]) or is_plan(node.args[0]) and \
+                    isinstance(name, ast.Constant) and str(name.value).startswith("_"):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_plan_cache_uses_no_private_attribute_of_a_plan():
+    """kernels/_plan_cache.py reaches a plan only through the contract Plan documents (reuse, owned_outputs,
+    cacheable, launch): no ``plan._x``, no ``__dict__``, no getattr of an underscore name."""
+    import inspect
+
+    assert _private_plan_uses(inspect.getsource(_plan_cache)) == []
+
+
+@pytest.mark.parametrize("planted", [
+    "def f(entry):\n    plan = entry.plan\n    return plan._owned\n",
+    "def f(entry):\n    entry.plan._repoint(1, 2)\n",
+    "def f(plan, facts):\n    plan.__dict__['_user_facts'] = facts\n",
+    "def f(plan_class):\n    p = plan_class()\n    return p._written\n",
+    "def f(plan):\n    return getattr(plan, '_facts')()\n",
+    "def f(plan):\n    return vars(plan)\n",
+])
+def test_the_contract_scan_finds_planted_private_uses(planted):
+    assert len(_private_plan_uses(planted)) == 1, planted
+    assert _private_plan_uses("def f(plan):\n    return plan.reuse((1,), facts=None).owned_outputs\n") == []
+
+
+def test_reuse_same_arrays_does_nothing_new_arrays_repoint():
+    """Plan.reuse: the same arrays -> the plan as it is (nothing re-pointed, no re-walk); other arrays of the layout
+    -> the plan moves to them (its descriptors by the arrays' delta); facts=None -> rebind's checks too."""
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    plan = StreamCopy(x, y)
+    before = [t._layout.ptr for t in _tensormaps(plan).values()]
+    assert plan.reuse((x, y)) is plan and plan.dst is y
+    assert [t._layout.ptr for t in _tensormaps(plan).values()] == before
+    x2, y2 = fa((256, 256), ptr=(1 << 30)), fa((256, 256), ptr=G + D1)
+    assert plan.reuse((x2, y2), facts=(numbatma.layout_facts(x2), numbatma.layout_facts(y2)), overlap=()) is plan
+    assert plan.dst is y2
+    moved = sorted(t._layout.ptr for t in _tensormaps(plan).values())
+    assert moved == sorted(a + ((1 << 30) - (1 << 20) if a < G else D1) for a in before)
+    with pytest.raises(_plan.NotRebindable, match="not the layout the plan was built for"):
+        plan.reuse((fa((256, 128)), y2))
+
+
+def test_reuse_refuses_what_the_argument_rules_refuse_and_changes_nothing():
+    """An overlap of the written array with the read one (the key admits it: the pairs) is a TensorMapError from
+    reuse, raised before anything moves: the plan still points at its last arrays and works for others."""
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    plan = StreamCopy(x, y)
+    a = fa((256, 256), ptr=1 << 30)
+    b = fa((256, 256), ptr=(1 << 30) + 4 * 256 * 128)  # (half of a)
+    with pytest.raises(numbatma.TensorMapError, match="dst overlaps src"):
+        plan.reuse((a, b), facts=(numbatma.layout_facts(a), numbatma.layout_facts(b)), overlap=((0, 1),))
+    assert plan.dst is y and sorted(t._layout.ptr for t in _tensormaps(plan).values()) == [1 << 20, G]
+    y2 = fa((256, 256), ptr=G + D1)
+    assert plan.reuse((a, y2)).dst is y2
+
+
+def test_reuse_wraps_a_failed_repoint_in_not_rebindable(monkeypatch):
+    """Whatever makes a re-point fail (here a driver-like RuntimeError) comes out of reuse as NotRebindable with the
+    original as its cause: the one exception a cache drops the plan for."""
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    plan = StreamCopy(x, y)
+
+    def broken(self, *a, **k):
+        raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(TensorMap, "_moved", broken)  # (what a re-point calls on each descriptor)
+    with pytest.raises(_plan.NotRebindable) as info:
+        plan.reuse((fa((256, 256), ptr=1 << 30), fa((256, 256), ptr=G + D1)))
+    assert isinstance(info.value.__cause__, RuntimeError) and "re-pointing the plan failed" in str(info.value)
+
+
+def test_a_new_plan_records_its_arrays_layout_facts():
+    """A plan records its arguments' layout facts as it checks them (one read): a later reuse moves it from where
+    the arrays were then, even when one of them has since moved in place (a torch tensor's set_)."""
+    x, y = fa((256, 256)), fa((256, 256), ptr=G)
+    plan = StreamCopy(x, y)
+    before = sorted(t._layout.ptr for t in _tensormaps(plan).values())
+    x.__cuda_array_interface__["data"] = (1 << 31, False)  # (moved in place after the plan was built)
+    assert numbatma.layout_facts(x)[0] == 1 << 31
+    plan.reuse((x, y))
+    after = sorted(t._layout.ptr for t in _tensormaps(plan).values())
+    assert after == sorted(a + ((1 << 31) - (1 << 20) if a < G else 0) for a in before)
