@@ -17,8 +17,10 @@ An output the plan allocates itself (attention's ``lse`` when none is given) is 
 (:meth:`Plan.fresh_outputs`).
 
 Streams: ``launch`` takes a numba, torch, CuPy or cuda.core stream, anything with ``__cuda_stream__``, or a raw
-handle (:func:`numbatma.streams.as_stream`). With none given, a plan built from torch tensors launches on torch's
-*current* stream (so it orders with the torch ops around it), any other on the legacy default stream.
+handle. :meth:`Plan.stream_for` turns it, once, into the raw ``CUstream`` handle (an int:
+:func:`numbatma.streams.stream_handle`) that the prepared launch hands ``cuLaunchKernel``; nothing converts it again.
+With none given, a plan built from torch tensors launches on torch's *current* stream (so it orders with the torch ops
+around it), any other on the legacy default stream (0).
 
 Launches are *prepared* (:func:`numbatma.prepare_launch`: the arguments converted once into a kernel parameter block;
 a launch is then the stream look-up and the driver's ``cuLaunchKernel``) on first use. A plan notices its changes
@@ -49,15 +51,33 @@ driver refuses the launch).
 
 The function form of a plan (``stream_copy(src, dst, stream=..., **options)`` etc.) is :func:`run` : look the
 plan up in a small LRU cache (:func:`plan_cache_size`, :func:`clear_plan_cache`; see :func:`run` for the key),
-use it as it is (the same arrays again), re-point it at the new arrays (:meth:`Plan.rebind`) or build one, launch
+use it as it is (the same arrays again), re-point it at the new arrays (:meth:`Plan.reuse`) or build one, launch
 it on ``stream``, return its output.
+
+The contract for a cache of plans (what :func:`run` uses, and all a user's own cache needs; a CPU test fails if
+``kernels/_plan_cache.py`` touches an underscore attribute of a plan):
+
+* ``PlanClass.rebindable`` (class attribute): whether its plans can be kept and re-pointed at all;
+* ``PlanClass(*arrays, **options)``: a new plan (it records the arrays' layout facts as it checks them);
+* ``plan.cacheable``: whether this plan may be kept for later calls;
+* ``plan.owned_outputs``: the outputs it made itself (:meth:`Plan.owned_output`), fixed once it is built;
+* ``plan.reuse(arrays, facts=None, overlap=True)``: make the plan launch on ``arrays`` - nothing for the very
+  arrays it points at (but fresh owned outputs), else the argument rules for them (read-only outputs, overlaps) and
+  the re-point. Guarantees: a :class:`numbatma.TensorMapError` (the rules refused the arrays) leaves the plan as it
+  was, fit for other arrays; a :class:`NotRebindable` (any failure of the re-point) means the plan must be dropped.
+  ``facts`` (the arrays' :func:`numbatma.layout_facts` as the caller just read them) and ``overlap`` (the pairs of
+  arguments that overlap) are what a cache keyed by layouts, scalars and device knows already: passing them skips the
+  reads and :meth:`rebind`'s checks, and the caller then guarantees those checks hold;
+* ``plan.fresh_outputs(overlap=True)``: new owned outputs only, for a call with the very arrays the plan points at
+  (what a cache that has checked that calls instead of ``reuse``);
+* ``plan.launch(stream)``: the launch, returning the output.
 """
 from __future__ import annotations
 
 from numbatma import ArrayLayout, TensorMapError, is_readonly, launch_argument, layout_facts, prepare_launch
 from numbatma.launch import same_scalar
 from numbatma.devices import array_device, common_device, enter_device, leave_device, on_device, several_devices
-from numbatma.streams import as_stream, stream_device, torch_device, torch_stream
+from numbatma.streams import stream_device, stream_handle, torch_device, torch_stream
 
 from ._launch import byte_extent, elements_overlap
 from ._rebind import NotRebindable, _looks_like_array, apply_moves, is_scalar, moves_of, overlapping, rebind_map
@@ -261,12 +281,13 @@ class Plan(metaclass=_PlanType):
         the plan is built, so whether a plan has any is fixed for its life."""
         return tuple(o[0] for o in self._owned)
 
-    def fresh_outputs(self):
+    def fresh_outputs(self, overlap=True):
         """Make every output of :meth:`owned_output` again (``make()``) and re-point whatever refers to the old
         one (attributes, descriptors, views: as :meth:`rebind` does); the plan's launch then writes and returns
-        the new arrays. Nothing for a plan without such outputs. Raises :class:`NotRebindable` as rebind does."""
+        the new arrays. Nothing for a plan without such outputs. Raises :class:`NotRebindable` as rebind does.
+        ``overlap``: as :meth:`reuse` takes it (the pairs of arguments that overlap, where the caller knows them)."""
         if self._owned:
-            self._repoint(self._user_arrays, self._facts(), fresh=True)
+            self._repoint(self._user_arrays, self._facts(), fresh=True, overlap=overlap)
         return self
 
     def rebind(self, *arrays):
@@ -422,9 +443,12 @@ class Plan(metaclass=_PlanType):
         return tuple(launch_argument(a) for a in self.args)
 
     def stream_for(self, stream):
-        """The stream a launch on ``stream`` uses (see the module docstring): ``stream`` as numba takes it, or with
-        None the default for this plan's arrays (torch's current stream, looked up per launch, for a plan of
-        torch tensors; which tensor is decided once per set of arrays)."""
+        """The ``CUstream`` handle (an int) a launch on ``stream`` uses (see the module docstring): ``stream``'s
+        (:func:`numbatma.streams.stream_handle`, the one conversion: TypeError naming a value that is no stream,
+        ValueError for a torch or CuPy stream of another device), or with None the default for this plan's arrays
+        (torch's current stream, looked up per launch, for a plan of torch tensors; which tensor is decided once per
+        set of arrays). Prepared launches take the handle as it is; a plan that launches through numba's own
+        ``kernel[grid, block, stream, smem]`` passes :func:`numbatma.streams.numba_stream` of it."""
         if stream is not None:
             device = self._device
             if device is not None:
@@ -434,7 +458,7 @@ class Plan(metaclass=_PlanType):
                         f"{type(self).__name__}.launch: the stream belongs to device {owner} but the plan runs on "
                         f"device {device} (its arrays are there); pass a stream of device {device} (e.g. "
                         f"torch.cuda.current_stream({device}), or one made under torch.cuda.device({device})).")
-            return as_stream(stream)
+            return stream_handle(stream)
         device = self._torch_device
         if device is _UNSET:
             device = torch_device(self._user_arrays)

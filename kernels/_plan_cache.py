@@ -4,7 +4,8 @@ built in a small LRU cache and re-points a cached plan at the new arrays instead
 It uses a plan through the plan contract only (a CPU test reads this module and fails on any underscore attribute of a
 plan): the plan class's ``rebindable``, building a plan, ``plan.cacheable``, ``plan.owned_outputs``,
 ``plan.reuse(arrays, facts=..., overlap=...)`` (the argument rules for new arrays, the re-point, fresh owned outputs;
-see :meth:`numbatma.kernels.Plan.reuse`) and ``plan.launch(stream)``."""
+see :meth:`numbatma.kernels.Plan.reuse`), ``plan.fresh_outputs(overlap=...)`` (a repeated call) and
+``plan.launch(stream)``."""
 from __future__ import annotations
 
 import itertools
@@ -250,7 +251,7 @@ def run(plan_class, *arrays, stream=None, **options):
             plan = entry.plan
             if entry.owned:  # (outputs of its own, e.g. attention's lse: fresh ones each call)
                 try:
-                    plan.reuse(arrays, facts=entry.facts, overlap=entry.overlap)
+                    plan.fresh_outputs(overlap=entry.overlap)  # (the very arrays it points at: _repeats)
                 except Exception:  # noqa: BLE001 - the keyed path re-points again, or builds a new plan
                     return _run_keyed(plan_class, entry, arrays, stream, options)
             entry.hits += 1

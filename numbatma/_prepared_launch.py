@@ -1,15 +1,16 @@
 """Prepared launches: numba's per-launch marshalling done once into a parameter block, each run one ``cuLaunchKernel``.
 
 A seam module (numba-cuda private names: ``_Kernel._prepare_args``, ``_codelibrary``, ``CudaPythonFunction.handle``,
-``numba.cuda.cudadrv.driver._to_core_stream``; checked by ``tests/test_numba_internals.py``). No patching.
+checked by ``tests/test_numba_internals.py``). No patching.
 
 Prepared launches (:func:`prepare_launch`, no patching) do once what ``numba.cuda.dispatcher._Kernel.launch`` does
 per launch - the arguments marshalled by ``_Kernel._prepare_args`` (hook 2 in front) - and then what cuda.core's
 ``launch`` does with those values, themselves: :class:`KernelParams` lays them out as cuda.core's argument holder
 would (:func:`param_field`; a by-value descriptor as the descriptor's own driver ``CUtensorMap``) and a run is one
 ``cuLaunchKernel`` of the compiled ``CUkernel`` (``CudaPythonFunction.handle``, the handle of the cuda.core
-``Kernel`` that ``_Kernel.launch`` launches) on the stream's handle (a numba ``Stream``'s ``handle``; other streams
-through ``numba.cuda.cudadrv.driver._to_core_stream``); a failed launch raises numba's ``CudaAPIError``.
+``Kernel`` that ``_Kernel.launch`` launches) on the stream's raw ``CUstream`` handle (an int: what
+:func:`numbatma.streams.stream_handle` makes of any stream, once, before the launch); a failed launch raises numba's
+``CudaAPIError``.
 :meth:`PreparedLaunch.update` patches a replaced array's address at the data pointer's place, the fifth of an
 array's values - checked against the array's address when prepared, and by ``tests/test_numba_internals.py``
 against numba-cuda's source, as are the other names here; where the driver tells the kernel's parameter sizes
@@ -134,13 +135,14 @@ def prepare_launch(dispatcher, args, grid, block, shared_mem, dependent=False, s
 
 class PreparedLaunch:
     """A prepared launch (:func:`prepare_launch`): ``run(stream=0)`` launches; :meth:`update` re-points it at other
-    arguments of the same types. Per run: the stream's ``CUstream`` (the last stream converted is kept: the same
-    stream object again costs nothing) and ``cuLaunchKernel`` with the parameter block built once
+    arguments of the same types. Per run: the stream handle's ``CUstream`` (the last one made is kept: the same
+    handle again costs one int comparison) and ``cuLaunchKernel`` with the parameter block built once
     (:class:`KernelParams`); a dependent run (``dependent``, or ``scoped`` inside :func:`dependent_launch`)
     ``cuLaunchKernelEx`` with the programmatic stream serialization attribute.
 
-    ``stream``: what numba's launch takes (0, a numba stream, a cuda.core stream) or a raw ``CUstream`` handle (an
-    int). A descriptor argument is passed from the descriptor's own encoded ``CUtensorMap``
+    ``stream``: a raw ``CUstream`` handle (an int; 0: the legacy default stream), what ``Plan.stream_for`` and
+    :func:`numbatma.streams.stream_handle` return. Any other stream :func:`numbatma.streams.stream_handle` takes is
+    turned into its handle here (a caller of a prepared launch of its own may pass one). A descriptor argument is passed from the descriptor's own encoded ``CUtensorMap``
     (:meth:`numbatma.TensorMap.driver_tensor_map`): re-pointing it in place is seen by the next run.
 
     ``device``: the device it was prepared on (None: unknown, offline), where every run goes. In a process that sees
@@ -153,7 +155,7 @@ class PreparedLaunch:
 
     def __call__(self, stream=0):
         seen, handle = self._stream_memo
-        if seen is not stream:
+        if seen is not stream and seen != stream:  # (a handle: the same int, or an equal one read again)
             handle = cu_stream(stream)
             self._stream_memo = (stream, handle)
         if self.dependent or self.scoped and getattr(_dependent, "on", False):
@@ -241,19 +243,14 @@ class ContextLaunch(PreparedLaunch):
 
 
 def cu_stream(stream):
-    """The ``CUstream`` (cuda.bindings) of a stream as a prepared run takes it: 0 / None, a numba stream, what
-    numba's launch accepts besides (a cuda.core stream: ``_to_core_stream``), or a raw handle (an int)."""
+    """The driver's ``CUstream`` (cuda.bindings) of a stream handle (an int), or of any stream
+    :func:`numbatma.streams.stream_handle` takes (0 / None, a numba, torch, CuPy or cuda.core stream, an object with
+    ``__cuda_stream__``): the handle made once, here at the driver call."""
     from cuda.bindings import driver
 
-    if not stream:
-        return driver.CUstream(0)
-    if type(stream) is int:
-        return driver.CUstream(stream)
-    from numba.cuda.cudadrv.driver import Stream, _to_core_stream
+    from .streams import stream_handle
 
-    if isinstance(stream, Stream):
-        return driver.CUstream(int(stream.handle or 0))
-    return driver.CUstream(int(_to_core_stream(stream).handle))
+    return driver.CUstream(stream if type(stream) is int and stream >= 0 else stream_handle(stream))
 
 
 def _launch_failed(err, run, elsewhere=False):

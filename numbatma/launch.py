@@ -21,6 +21,7 @@ import contextlib
 
 from ._env import SIMULATING
 from ._scalars import same_scalar, scalar_key
+from .streams import numba_stream
 from .views import launch_argument
 
 __all__ = ["dependent_launch", "launch_facts", "prepare_launch", "same_scalar", "scalar_key"]
@@ -40,10 +41,12 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
     prepared launch keeps ``args`` alive. It belongs to the device current when it is prepared and always launches
     there (a run made with another device current pushes that device's context for the launch; the stream must be
     one of that device); its TensorMaps must describe that device's memory, or a peer's it was given access to
-    (:func:`numbatma.enable_peer_access`). ``run(stream)`` takes what numba's launch takes (and, prepared, a raw
-    ``CUstream`` handle: an int). Under the CUDA simulator, in debug builds, for host (NumPy) array arguments and
+    (:func:`numbatma.enable_peer_access`). ``run(stream)`` takes a raw ``CUstream`` handle (an int, what
+    ``Plan.stream_for`` and :func:`numbatma.streams.stream_handle` return), or any stream ``stream_handle`` takes
+    (turned into its handle). Under the CUDA simulator, in debug builds, for host (NumPy) array arguments and
     for an argument the parameter block does not lay out (a complex Python number, a record) it simply launches
-    through numba each time (and has no ``update``).
+    through numba each time (and has no ``update``): the handle becomes what numba's launch takes there, at that one
+    edge (:func:`numbatma.streams.numba_stream`).
 
     ``dependent=True``: every run is a programmatic dependent launch (``cuLaunchKernelEx`` with the programmatic
     stream serialization attribute): the kernel may start before the previous kernel on ``stream``
@@ -64,7 +67,7 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
 
     if SIMULATING or scoped and not dependent:
         def run(stream=0):
-            kernel[grid, block, stream, shared_mem](*args)
+            kernel[grid, block, numba_stream(stream), shared_mem](*args)
 
         return run
 
@@ -72,7 +75,7 @@ def prepare_launch(kernel, args, grid, block, shared_mem=0, *, dependent=False, 
 
     def run(stream=0):  # (dependent: inside hook 11's scope; not scoped: out of any enclosing one)
         with scope(bool(dependent)):
-            kernel[grid, block, stream, shared_mem](*args)
+            kernel[grid, block, numba_stream(stream), shared_mem](*args)
 
     return run
 

@@ -1,22 +1,27 @@
-"""Streams from any CUDA library, as numba-cuda and numbatma's prepared launches take them.
+"""Streams from any CUDA library, in one form: the raw ``CUstream`` handle (an int) that ``cuLaunchKernel`` takes.
 
-``as_stream(s)`` accepts what users have at hand:
+``stream_handle(s)`` is the one conversion. It accepts what users have at hand:
 
 * ``0`` / ``None``: the legacy default stream (``0``);
-* a numba stream (``cuda.stream()``, ``cuda.default_stream()``, ``cuda.external_stream(h)``; under the CUDA simulator
-  its ``cuda.stream()`` / ``cuda.default_stream()``, which a simulated launch ignores): returned as it is;
+* a numba stream (``cuda.stream()``, ``cuda.default_stream()``, ``cuda.external_stream(h)``): its handle (under the
+  CUDA simulator its ``cuda.stream()`` / ``cuda.default_stream()``, which a simulated launch ignores: 0);
 * an object speaking the CUDA stream protocol (``__cuda_stream__()`` returning ``(version, handle)``: cuda.core
-  streams, recent CuPy and torch streams);
+  streams and graph builders, recent CuPy and torch streams);
 * a torch stream (``torch.cuda.Stream`` / ``torch.cuda.ExternalStream``: ``.cuda_stream``), a CuPy stream
   (``.ptr``);
-* a raw ``CUstream`` handle (an ``int``).
+* a raw ``CUstream`` handle (an ``int`` >= 0), as it is.
 
-Anything but the first two becomes ``numba.cuda.external_stream(handle)`` (a wrapper: the stream stays the caller's
-to destroy), made once per handle. A handle of 0 is the legacy default stream.
+Anything else is a TypeError naming the value. A plan turns the caller's stream into its handle once
+(``Plan.stream_for``) and every launch path takes that int: a prepared launch passes it to ``cuLaunchKernel``; a launch
+that goes through numba's own ``kernel[grid, block, stream, smem]`` (the simulator, debug builds, host arrays) turns it
+into what numba takes at that edge only, with :func:`numba_stream` (``numba.cuda.external_stream(handle)``, made once
+per handle: a wrapper, the stream stays the caller's to destroy; 0 for the default stream and under the simulator).
+:func:`as_stream` (a stream as numba takes it: a numba stream as it is, anything else through :func:`numba_stream`)
+is a helper for user code that launches through numba itself; no numbatma launch path uses it.
 
-``default_stream(arrays)`` is the stream a launch uses when the caller names none: torch's *current* stream when an
-argument is a torch tensor (so numbatma kernels order with the torch ops around them without the caller thinking
-about it), else 0. It is :func:`torch_device` (which tensor, once per set of arrays) then :func:`torch_stream`
+``default_stream(arrays)`` is the stream (its handle) a launch uses when the caller names none: torch's *current*
+stream when an argument is a torch tensor (so numbatma kernels order with the torch ops around them without the caller
+thinking about it), else 0. It is :func:`torch_device` (which tensor, once per set of arrays) then :func:`torch_stream`
 (torch's current stream there, per launch: cheaply, through torch's raw handle look-up where it has one).
 """
 from __future__ import annotations
@@ -26,12 +31,14 @@ import sys
 
 from ._env import SIMULATING
 
-__all__ = ["as_stream", "default_stream", "stream_device", "stream_handle", "torch_device", "torch_stream"]
+__all__ = ["as_stream", "default_stream", "numba_stream", "stream_device", "stream_handle", "torch_device",
+           "torch_stream"]
 
 
 def stream_handle(stream):
-    """The ``CUstream`` handle (an int) of any stream object ``as_stream`` accepts; None for a numba stream
-    (already what numba takes). Raises TypeError, naming the type, for anything else."""
+    """The ``CUstream`` handle (an int >= 0) of ``stream``: any stream the module docstring lists (0 / None: 0; a
+    numba stream: its handle, 0 for a simulated one). Raises TypeError, naming the value and its type, for anything
+    else. The one place a stream object becomes the form every launch path takes."""
     if stream is None:
         return 0
     if isinstance(stream, bool):
@@ -45,7 +52,7 @@ def stream_handle(stream):
                         f"torch, CuPy or cuda.core stream, an object with __cuda_stream__, a CUstream handle (an int "
                         f">= 0), or 0 / None for the default stream")
     if _is_numba_stream(stream):
-        return None
+        return 0 if SIMULATING else int(stream.handle or 0)
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is not None:
         value = protocol() if callable(protocol) else protocol
@@ -81,14 +88,25 @@ def _is_numba_stream(stream):
     return isinstance(stream, Stream)
 
 
-def as_stream(stream):
-    """``stream`` (see the module docstring) as numba-cuda takes it: 0, or a numba stream."""
-    handle = stream_handle(stream)
-    if handle is None:
-        return stream
+def numba_stream(handle):
+    """``handle`` (a ``CUstream`` handle, or any stream :func:`stream_handle` takes) as numba's own launch
+    ``kernel[grid, block, stream, smem]`` takes it: 0 for the default stream and under the simulator (a simulated
+    launch ignores its stream), else ``numba.cuda.external_stream(handle)``, made once per handle. The one edge where a
+    launch path leaves the handle form (numbatma.launch's launches through numba)."""
+    if type(handle) is not int:
+        handle = stream_handle(handle)
     if handle == 0 or SIMULATING:
         return 0
     return _external(handle)
+
+
+def as_stream(stream):
+    """``stream`` (see the module docstring) as numba-cuda takes it, for user code launching through numba itself: a
+    numba stream as it is, anything else :func:`numba_stream` of its handle. (numbatma's launches take the handle:
+    :func:`stream_handle`.)"""
+    if stream is not None and not isinstance(stream, int) and _is_numba_stream(stream):
+        return stream
+    return numba_stream(stream_handle(stream))
 
 
 @functools.lru_cache(maxsize=64)
@@ -99,8 +117,8 @@ def _external(handle):
 
 
 def default_stream(arrays):
-    """torch's current stream (of the first CUDA torch tensor's device) when one of ``arrays`` is a torch tensor, else
-    0. (torch is never imported here: a torch tensor means torch is loaded.)"""
+    """The handle of torch's current stream (of the first CUDA torch tensor's device) when one of ``arrays`` is a
+    torch tensor, else 0. (torch is never imported here: a torch tensor means torch is loaded.)"""
     device = torch_device(arrays)
     return 0 if device is None else torch_stream(device)
 
@@ -117,9 +135,9 @@ def torch_device(arrays):
 
 
 def torch_stream(device):
-    """torch's current stream on ``device`` (a torch device or its index), as numba-cuda takes it (:func:`as_stream`).
-    Through ``torch._C._cuda_getCurrentRawStream(index)`` (the handle itself: what torch's generated code calls) where
-    torch has it, else ``torch.cuda.current_stream(device).cuda_stream`` (builds a Stream object: a few µs)."""
+    """The handle (an int) of torch's current stream on ``device`` (a torch device or its index). Through
+    ``torch._C._cuda_getCurrentRawStream(index)`` (the handle itself: what torch's generated code calls) where torch
+    has it, else ``torch.cuda.current_stream(device).cuda_stream`` (builds a Stream object: a few µs)."""
     torch = sys.modules["torch"]
     module, raw = _raw_getter
     if module is not torch:
@@ -134,16 +152,7 @@ def torch_stream(device):
                 handle = None
     if not isinstance(handle, int):
         handle = torch.cuda.current_stream(device).cuda_stream
-    global _last_stream
-    last = _last_stream  # (one immutable pair: threads see a handle with its own stream object)
-    if last[0] == handle and last[2] is _external:  # (the same stream as the last call: a launch loop's usual case)
-        return last[1]
-    stream = 0 if handle == 0 else as_stream(handle)
-    _last_stream = (handle, stream, _external)
-    return stream
-
-
-_last_stream = (None, None, None)  # (the handle torch_stream last saw, its stream object, the maker of that object)
+    return handle
 
 
 _raw_getter = (None, None)  # (the torch module, its raw current-stream function or None)
