@@ -196,6 +196,22 @@ def numbatma_impl(**options):
     return make
 
 
+def multistage_impl(**options):
+    """The multistage (not warp-specialized) comparison kernel, benchmarks/gemm_multistage.py (``Gemm``'s
+    ``warp_specialized=False`` until issue 23), with ``options`` (bn, stages, group_m, grid)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gemm_multistage", os.path.join(HERE, "gemm_multistage.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def make(case, out):
+        plan = module.MultistageGemm(case.a, case.b, out, b_layout=case.layout, **options)
+        return plan.launch
+
+    return make
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -253,8 +269,8 @@ def main():
         variants = [("numbatma", numbatma_impl()),
                     ("numbatma cluster of 2", numbatma_impl(cluster_m=2)),
                     ("numbatma stages=1", numbatma_impl(stages=1)),
-                    ("numbatma not warp-specialized", numbatma_impl(warp_specialized=False)),
-                    ("numbatma not ws, stages=1", numbatma_impl(warp_specialized=False, stages=1)),
+                    ("numbatma not warp-specialized", multistage_impl()),  # (benchmarks/gemm_multistage.py)
+                    ("numbatma not ws, stages=1", multistage_impl(stages=1)),
                     ("numbatma bn=128", numbatma_impl(bn=128))]
         run_case(torch, timer, Case(torch, 8192, 8192, 8192, layouts[0]), [cublas] + variants, results, "variants")
 

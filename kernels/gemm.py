@@ -1,7 +1,7 @@
 """GEMM on Hopper tensor cores: ``C = alpha * A @ B + beta * C`` with TMA, wgmma and warp specialization,
 written with numbatma's public API only.
 
-Design (the default, ``warp_specialized=True``): a persistent grid of one CTA per SM, 384 threads in three
+Design: a persistent grid of one CTA per SM, 384 threads in three
 warpgroups.
 
 * **Producer** (warpgroup 0, ``setmaxnreg_dec(40)``): one elected thread walks this CTA's output tiles and their
@@ -21,8 +21,9 @@ warpgroups.
 * **Tile order**: tiles are numbered in groups of ``group_m`` tile rows (consecutive CTAs share B tiles and
   A tiles in L2).
 
-``warp_specialized=False`` gives the classic multistage kernel for comparison: two warpgroups that both
-compute, one of whose threads also issues the TMA loads ``stages - 1`` k-steps ahead.
+The classic multistage kernel (two warpgroups that both compute, one of whose threads also issues the TMA loads
+``stages`` k-steps ahead), once ``Gemm(..., warp_specialized=False)``, is a comparison row of the benchmark only:
+``benchmarks/gemm_multistage.py``.
 
 Shapes: A (M, K) row-major; B (K, N) row-major (``b_layout="kn"``) or (N, K) (``b_layout="nk"``: Bᵀ given);
 C (M, N). bfloat16 or float16 inputs (both the same), float32 accumulation, C bfloat16, float16 or float32.
@@ -51,7 +52,6 @@ from numbatma.intrinsics import (
     mbarrier_init,
     mbarrier_ref,
     mbarrier_wait_parity,
-    persistent_share,
     register_budget,
     shared_view,
     store_buffers,
@@ -65,7 +65,6 @@ from numbatma.intrinsics import (
     wgmma_fence,
     wgmma_scale,
     wgmma_store,
-    wgmma_wait_group,
     wgmma_zeros,
     warp_specialize,
     warpgroup_sync,
@@ -76,7 +75,7 @@ from ._device import grid_dependency_sync
 from ._exact_store import ExactStore, tail_store_2d
 from . import _launch
 from ._launch import SMEM_PER_BLOCK, ceil_div, persistent_grid
-from ._options import bool_option, choice_option, int_option, scalar_option
+from ._options import choice_option, int_option, scalar_option
 from ._plan import Plan, run
 
 __all__ = ["Gemm", "gemm", "GemmConfig"]
@@ -93,12 +92,11 @@ _STATIC_SMEM = 1024  # barriers (static shared memory, before the 1024-aligned d
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """What a :class:`Gemm` plan runs: the output tile ``(BM, bn)``, k-step ``BK``, pipeline ``stages``,
-    whether the kernel is warp-specialized, the tile-order group and the grid."""
+    """What a :class:`Gemm` plan runs: the output tile ``(BM, bn)``, k-step ``BK``, pipeline ``stages``, the
+    tile-order group and the grid."""
 
     bn: int
     stages: int
-    warp_specialized: bool
     group_m: int
     epilogue_cols: int  # columns of C per epilogue chunk (128 bytes)
     smem_bytes: int
@@ -109,8 +107,7 @@ class GemmConfig:
         return (BM, self.bn, BK)
 
 
-def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_specialized=True, group_m=8,
-                   cluster_m=None, b_nk=True):
+def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, group_m=8, cluster_m=None, b_nk=True):
     """The tile heuristic: the widest tile that still keeps the SMs busy - ``bn = 256`` (the widest wgmma, the
     most work per byte loaded) when N > 128 and there are 128 x 256 tiles for at least 3/4 of the SMs, else
     ``bn = 128`` when N > 64 and there are 128 x 128 tiles for at least half of them, else 64 (measured on an
@@ -145,17 +142,17 @@ def default_config(m, n, k, out_itemsize, *, bn=None, stages=None, warp_speciali
     symmetric = b_nk or (bn // 64) % 2 == 0
     if cluster_m is None:  # measured on an H100 (benchmarks/RESULTS.md): multicast does not pay yet
         cluster_m = 1
-    if cluster_m not in (1, 2) or (cluster_m == 2 and not warp_specialized):
-        raise TensorMapError(f"Gemm: cluster_m must be 1 or 2 (2 only with warp_specialized=True), got {cluster_m}")
+    if cluster_m not in (1, 2):
+        raise TensorMapError(f"Gemm: cluster_m must be 1 or 2, got {cluster_m}")
     if cluster_m == 2 and not symmetric:
         raise TensorMapError(f"Gemm: cluster_m=2 with B given as (K, N) needs bn = 128 or 256 (an even number of "
                              f"64-column boxes for the two CTAs to share), got bn={bn}")
-    return GemmConfig(bn, stages, bool(warp_specialized), int(group_m), epilogue_cols,
+    return GemmConfig(bn, stages, int(group_m), epilogue_cols,
                       stages * stage_bytes + epilogue_bytes, int(cluster_m))
 
 
 @kernel_factory
-def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_m, epilogue_cols, has_beta,
+def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, group_m, epilogue_cols, has_beta,
                  tma_part, has_tail, cluster_m=1):
     """The kernel for one configuration (every argument a compile-time constant of the closure).
     ``cluster_m == 2``: clusters of two CTAs on neighbouring row tiles of the same column tile; each loads
@@ -290,131 +287,67 @@ def _gemm_kernel(nb_dtype, out_dtype, bn, stages, b_nk, warp_specialized, group_
                 store_tail(tile, c_tail, row, col, aligned, tw, WARPGROUP)
         return cphase, done
 
-    if warp_specialized:
-        @cuda.jit(device=True, inline="always")
-        def producer(args):
-            """One elected thread walks this CTA's tiles and their k-steps, TMA-loading each into the next stage."""
-            pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta, work_split = args
-            tiles_m, tiles_n, ktiles, total, first, step = work_split
-            if cuda.threadIdx.x < 32:
-                if elect_one_sync():
-                    for t in range(first, total, step):
-                        m0, n0 = work(t, tiles_m, tiles_n)
-                        for kt in range(ktiles):
-                            load_stage(pipe, smem, a_map, b_map, m0, n0, kt)
+    @cuda.jit(device=True, inline="always")
+    def producer(args):
+        """One elected thread walks this CTA's tiles and their k-steps, TMA-loading each into the next stage."""
+        pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta, work_split = args
+        tiles_m, tiles_n, ktiles, total, first, step = work_split
+        if cuda.threadIdx.x < 32:
+            if elect_one_sync():
+                for t in range(first, total, step):
+                    m0, n0 = work(t, tiles_m, tiles_n)
+                    for kt in range(ktiles):
+                        load_stage(pipe, smem, a_map, b_map, m0, n0, kt)
 
-        @cuda.jit(device=True, inline="always")
-        def consumer(cw, args):
-            """Consumer warpgroup ``cw``: its 64 rows of each tile, k-step by k-step, then the epilogue."""
-            pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta, work_split = args
-            tiles_m, tiles_n, ktiles, total, first, step = work_split
-            tw = cuda.threadIdx.x - (cw + 1) * WARPGROUP
-            lane = cuda.threadIdx.x % 32
-            state = (0, 0)
-            for t in range(first, total, step):
-                m0, n0 = work(t, tiles_m, tiles_n)
-                acc = wgmma_zeros(bn)
-                for kt in range(ktiles):
-                    s = pipe.consumer_wait()
-                    acc = mma_stage(acc, smem, a_map, b_map, s, cw)
-                    # keep this k-step's group in flight; release the previous one's stage (one stage: wait)
-                    acc = mma_step(pipe, acc, kt, lane)
-                acc = mma_drain(pipe, acc, lane)
-                state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta, state)
-            if tw == 0:
-                bulk_wait_group(0)
+    @cuda.jit(device=True, inline="always")
+    def consumer(cw, args):
+        """Consumer warpgroup ``cw``: its 64 rows of each tile, k-step by k-step, then the epilogue."""
+        pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta, work_split = args
+        tiles_m, tiles_n, ktiles, total, first, step = work_split
+        tw = cuda.threadIdx.x - (cw + 1) * WARPGROUP
+        lane = cuda.threadIdx.x % 32
+        state = (0, 0)
+        for t in range(first, total, step):
+            m0, n0 = work(t, tiles_m, tiles_n)
+            acc = wgmma_zeros(bn)
+            for kt in range(ktiles):
+                s = pipe.consumer_wait()
+                acc = mma_stage(acc, smem, a_map, b_map, s, cw)
+                # keep this k-step's group in flight; release the previous one's stage (one stage: wait)
+                acc = mma_step(pipe, acc, kt, lane)
+            acc = mma_drain(pipe, acc, lane)
+            state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, cw, tw, alpha, beta, state)
+        if tw == 0:
+            bulk_wait_group(0)
 
-        roles = warp_specialize(BUDGET, producer, consumer)  # 40 registers for the producer, 232 for consumers
-        jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
-        if cluster_m == 2:
-            jit = _compose(cluster_kernel((2, 1, 1)), jit)
+    roles = warp_specialize(BUDGET, producer, consumer)  # 40 registers for the producer, 232 for consumers
+    jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
+    if cluster_m == 2:
+        jit = _compose(cluster_kernel((2, 1, 1)), jit)
 
-        @jit
-        def gemm_kernel(a_map, b_map, c_map, c_load, c_tail, aligned, m, n, k, alpha, beta):
-            smem = cuda.shared.array(0, nb_dtype, alignment=1024)
-            cdyn = cuda.shared.array(0, out_dtype, alignment=1024)  # (the same dynamic buffer, as C elements)
-            cbar = cuda.shared.array(2, np.uint64)
-            if cuda.threadIdx.x == 0 and has_beta:
-                mbarrier_init(mbarrier_ref(cbar, 0), 1)
-                mbarrier_init(mbarrier_ref(cbar, 1), 1)
-                fence_mbarrier_init()
-            # full: producer + TMA bytes; empty: one arrival per consumer warp (of both CTAs of a cluster)
-            pipe = Pipeline(stages, 1, 8 * cluster_m)
-            if cluster_m > 1:
-                cluster_sync()  # every CTA's barriers are initialised before any multicast or remote arrive
-            grid_dependency_sync()
-            tiles_m = (m + BM - 1) // BM
-            tiles_n = (n + bn - 1) // bn
-            total, first, step = units(tiles_m, tiles_n)
-            roles((pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta,
-                   (tiles_m, tiles_n, (k + BK - 1) // BK, total, first, step)))
-            if cluster_m > 1:
-                cluster_sync()  # no CTA leaves while its partner may still multicast into it or arrive on it
-
-        return gemm_kernel
-
-    @cuda.jit
-    def gemm_kernel_plain(a_map, b_map, c_map, c_load, c_tail, aligned, m, n, k, alpha, beta):
-        """Not warp-specialized: both warpgroups compute; thread 0 also keeps ``stages`` k-steps loading."""
+    @jit
+    def gemm_kernel(a_map, b_map, c_map, c_load, c_tail, aligned, m, n, k, alpha, beta):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
-        cdyn = cuda.shared.array(0, out_dtype, alignment=1024)
+        cdyn = cuda.shared.array(0, out_dtype, alignment=1024)  # (the same dynamic buffer, as C elements)
         cbar = cuda.shared.array(2, np.uint64)
         if cuda.threadIdx.x == 0 and has_beta:
             mbarrier_init(mbarrier_ref(cbar, 0), 1)
             mbarrier_init(mbarrier_ref(cbar, 1), 1)
             fence_mbarrier_init()
-        pipe = Pipeline(stages, 1, 8)
+        # full: producer + TMA bytes; empty: one arrival per consumer warp (of both CTAs of a cluster)
+        pipe = Pipeline(stages, 1, 8 * cluster_m)
+        if cluster_m > 1:
+            cluster_sync()  # every CTA's barriers are initialised before any multicast or remote arrive
         grid_dependency_sync()
         tiles_m = (m + BM - 1) // BM
         tiles_n = (n + bn - 1) // bn
-        ktiles = (k + BK - 1) // BK
-        first, step, mine = persistent_share(tiles_m * tiles_n)
-        total = mine * ktiles  # this CTA's k-steps over all its tiles
-        wg = cuda.threadIdx.x // WARPGROUP
-        tw = cuda.threadIdx.x - wg * WARPGROUP
-        lane = cuda.threadIdx.x % 32
-        producer = cuda.threadIdx.x == 0
-        if producer:  # the first `stages` k-steps
-            for i in range(min(stages, total)):
-                m0, n0 = work(first + (i // ktiles) * step, tiles_m, tiles_n)
-                load_stage(pipe, smem, a_map, b_map, m0, n0, i % ktiles)
-        state = (0, 0)
-        i = 0  # this CTA's k-step counter
-        for ti in range(mine):
-            m0, n0 = work(first + ti * step, tiles_m, tiles_n)
-            acc = wgmma_zeros(bn)
-            for kt in range(ktiles):
-                s = pipe.consumer_wait()
-                acc = mma_stage(acc, smem, a_map, b_map, s, wg)
-                released = -1
-                if lag_waits:
-                    if kt > 0:
-                        acc = wgmma_wait_group(1, acc)
-                        released = i - 1
-                else:
-                    acc = wgmma_wait_group(0, acc)
-                    released = i
-                if released >= 0:
-                    if lane == 0:
-                        pipe.consumer_release()
-                    nxt = released + stages  # the k-step whose stage was just released
-                    if producer and nxt < total:
-                        pm, pn = work(first + (nxt // ktiles) * step, tiles_m, tiles_n)
-                        load_stage(pipe, smem, a_map, b_map, pm, pn, nxt % ktiles)
-                i += 1
-            if lag_waits:
-                acc = wgmma_wait_group(0, acc)
-                if lane == 0:
-                    pipe.consumer_release()
-                nxt = i - 1 + stages
-                if producer and nxt < total:
-                    pm, pn = work(first + (nxt // ktiles) * step, tiles_m, tiles_n)
-                    load_stage(pipe, smem, a_map, b_map, pm, pn, nxt % ktiles)
-            state = epilogue(acc, cdyn, c_map, c_load, c_tail, cbar, aligned, m0, n0, wg, tw, alpha, beta, state)
-        if tw == 0:
-            bulk_wait_group(0)
+        total, first, step = units(tiles_m, tiles_n)
+        roles((pipe, smem, cdyn, cbar, a_map, b_map, c_map, c_load, c_tail, aligned, alpha, beta,
+               (tiles_m, tiles_n, (k + BK - 1) // BK, total, first, step)))
+        if cluster_m > 1:
+            cluster_sync()  # no CTA leaves while its partner may still multicast into it or arrive on it
 
-    return gemm_kernel_plain
+    return gemm_kernel
 
 
 def _compose(outer, inner):
@@ -427,20 +360,21 @@ class Gemm(Plan):
     ``a``: (M, K); ``b``: (K, N), or (N, K) with ``b_layout="nk"``; ``c``: (M, N). Any CUDA arrays (numba,
     CuPy, torch): bfloat16 or float16 inputs (the same for both), ``c`` bfloat16, float16 or float32. Options:
     ``alpha``, ``beta`` (Python numbers; ``plan.alpha`` / ``plan.beta`` may change between launches, but
-    ``beta`` must stay 0 or non-zero as built), ``bn`` (tile width: 64..256), ``stages``, ``warp_specialized``,
-    ``group_m`` (tile-order group), ``grid`` (CTAs; default one per SM). ``plan.config`` shows the choice;
+    ``beta`` must stay 0 or non-zero as built), ``bn`` (tile width: 64..256), ``stages``, ``group_m``
+    (tile-order group), ``cluster_m`` (1 or 2), ``grid`` (CTAs; default one per SM). ``plan.config`` shows the choice;
     ``launch(stream)`` runs it (asynchronously) and returns ``c`` (the plan contract of
     :class:`numbatma.kernels.Plan`).
     """
 
     def __init__(self, a, b, c, *, alpha=1.0, beta=0.0, b_layout="kn", bn=None, stages=None,
-                 warp_specialized=True, group_m=8, cluster_m=None, grid=None):
+                 group_m=8, cluster_m=None, grid=None, **unknown):
         op = "Gemm"
+        if unknown:
+            _refuse_unknown(op, unknown)
         alpha, beta = scalar_option(op, "alpha", alpha), scalar_option(op, "beta", beta)
         b_layout = choice_option(op, "b_layout", b_layout, ("kn", "nk"))
         bn = int_option(op, "bn", bn, choices=(64, 128, 192, 256), none_ok=True)
         stages = int_option(op, "stages", stages, none_ok=True)  # (the range: default_config, from what fits)
-        warp_specialized = bool_option(op, "warp_specialized", warp_specialized)
         group_m = int_option(op, "group_m", group_m, 1, 1 << 16)
         cluster_m = int_option(op, "cluster_m", cluster_m, choices=(1, 2), none_ok=True)
         grid = int_option(op, "grid (number of CTAs)", grid, 1, 2**31 - 1, none_ok=True)
@@ -472,9 +406,8 @@ class Gemm(Plan):
             return
         if k == 0:
             raise TensorMapError(f"{op}: K is 0 (a is {la.shape}); nothing to multiply.")
-        self.config = default_config(m, n, k, lc.dtype.itemsize, bn=bn, stages=stages,
-                                     warp_specialized=warp_specialized, group_m=group_m, cluster_m=cluster_m,
-                                     b_nk=b_layout == "nk")
+        self.config = default_config(m, n, k, lc.dtype.itemsize, bn=bn, stages=stages, group_m=group_m,
+                                     cluster_m=cluster_m, b_nk=b_layout == "nk")
         cfg = self.config
         promo = L2Promotion.B256
         self.a_map = TensorMap(a, (BM, BK), swizzle=Swizzle.B128, l2_promotion=promo)
@@ -493,10 +426,10 @@ class Gemm(Plan):
         if grid is not None:
             grid = max(1, min(int(grid) // cfg.cluster_m, self.units)) * cfg.cluster_m
         self._grid = grid
-        self.block = 3 * WARPGROUP if cfg.warp_specialized else 2 * WARPGROUP
+        self.block = 3 * WARPGROUP  # one producer warpgroup and two consumers (BUDGET.threads)
         self.flops = 2.0 * m * n * k
         self.kernel = _gemm_kernel(self.a_map.numba_type.dtype, self.c_map.numba_type.dtype, cfg.bn, cfg.stages,
-                                   b_layout == "nk", cfg.warp_specialized, cfg.group_m, cfg.epilogue_cols, has_beta,
+                                   b_layout == "nk", cfg.group_m, cfg.epilogue_cols, has_beta,
                                    self.out.tma, self.out.has_tail, cfg.cluster_m)
 
     @property
@@ -541,6 +474,25 @@ class Gemm(Plan):
     def __repr__(self):
         m, n, k = self.shape
         return f"Gemm({m}x{n}x{k}, {self.dtype.name} -> {self.out_dtype.name}, b_layout={self.b_layout!r}, {self.config})"
+
+
+#: Gemm's options (what :func:`_refuse_unknown` lists).
+OPTIONS = ("alpha", "beta", "b_layout", "bn", "stages", "group_m", "cluster_m", "grid")
+
+
+def _refuse_unknown(op, unknown):
+    """TypeError for options :class:`Gemm` does not take (``unknown``: name -> value, as passed), naming the first
+    one and the user's value. ``warp_specialized`` gets its own message: the multistage kernel it selected is now a
+    benchmark module, not an option."""
+    name, value = next(iter(unknown.items()))
+    if "warp_specialized" in unknown:
+        value = unknown["warp_specialized"]
+        raise TypeError(
+            f"{op}: warp_specialized is no longer an option, got warp_specialized={value!r}: {op} always builds the "
+            f"warp-specialized kernel; the multistage (not warp-specialized) kernel it selected for comparison now "
+            f"lives in benchmarks/gemm_multistage.py (MultistageGemm).")
+    raise TypeError(f"{op}: unknown option {name}={value!r}; the options are {', '.join(OPTIONS)} (and stream for "
+                    f"the function form gemm)")
 
 
 def _beta_rule(plan, value):

@@ -139,6 +139,29 @@ def main():
             check(f"Gemm {layout} {options}", c.copy_to_host().astype(np.float64), ref, rtol=2e-2, atol=5e-2)
         return run
 
+    def multistage(layout):
+        """benchmarks/gemm_multistage.py (the comparison kernel, Gemm's warp_specialized=False until issue 23)."""
+        def run():
+            import importlib.util
+            import os as _os
+
+            path = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "benchmarks",
+                                 "gemm_multistage.py")
+            spec = importlib.util.spec_from_file_location("gemm_multistage", path)
+            bench = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(bench)
+            m, n, k = 200, 264, 136  # partial tiles in M, N and K (N a multiple of 8: no exact-store tail there)
+            a = data((m, k), np.float16)
+            b = data((k, n) if layout == "kn" else (n, k), np.float16)
+            c = cuda.to_device(np.full((m, n), np.nan, np.float16))
+            bench.MultistageGemm(cuda.to_device(a), cuda.to_device(b), c, b_layout=layout, bn=64, stages=2,
+                                 grid=2).launch()
+            cuda.synchronize()
+            w = b.astype(np.float64) if layout == "kn" else b.astype(np.float64).T
+            check(f"MultistageGemm {layout}", c.copy_to_host().astype(np.float64), a.astype(np.float64) @ w,
+                  rtol=2e-2, atol=5e-2)
+        return run
+
     def attention(causal, scale=None):
         def run():
             import sys as _sys
@@ -168,7 +191,7 @@ def main():
     case("Laplacian5", stencil)
     case("Gemm nk", gemm("nk"))
     case("Gemm kn", gemm("kn"))
-    case("Gemm nk not warp-specialized", gemm("nk", warp_specialized=False))
+    case("Gemm nk not warp-specialized (benchmarks/gemm_multistage.py)", multistage("nk"))
     case("Attention", attention(False))
     case("Attention causal", attention(True))
     for scale in (-0.3, 0.0, 2.0):  # (the other softmax modes: negative, zero, exact)

@@ -1,6 +1,9 @@
 """CPU: numbatma.kernels.Gemm plans (tile heuristic, argument checks) and what the compiled kernel is made of -
 HGMMA issued back to back, no local memory, ``setmaxnreg`` kept, TMA loads/stores, multicast in cluster mode -
-linked offline for sm_90a; other targets refuse it naming wgmma."""
+linked offline for sm_90a; other targets refuse it naming wgmma. The multistage comparison kernel of
+benchmarks/gemm_multistage.py (once ``warp_specialized=False``): its SASS, and Gemm's refusal of the old option."""
+import importlib.util
+import pathlib
 import re
 
 import numpy as np
@@ -37,7 +40,7 @@ def plan(m, n, k, layout="nk", out=np.float16, **options):
 def test_tile_heuristic():
     config = gemm_module.default_config
     big = config(8192, 8192, 8192, 2)
-    assert (big.bn, big.stages, big.warp_specialized, big.cluster_m) == (256, 4, True, 1)
+    assert (big.bn, big.stages, big.cluster_m) == (256, 4, 1)
     assert big.smem_bytes <= _launch.SMEM_PER_BLOCK - 1024
     assert config(2048, 2048, 2048, 2).bn == 256  # 128 tiles of 128 x 256 for 132 SMs
     assert config(257, 4096, 1000, 2).bn == 128  # 48 tiles of 128 x 256 would leave most SMs idle; 96 of 128
@@ -55,11 +58,23 @@ def test_tile_heuristic():
     (dict(stages=9), "at most 4 stages fit"),
     (dict(stages=0), "at most 4 stages fit"),
     (dict(cluster_m=4), "cluster_m must be 1 or 2"),
-    (dict(cluster_m=2, warp_specialized=False), "2 only with warp_specialized=True"),
+    (dict(cluster_m=0), "cluster_m must be 1 or 2"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(TensorMapError, match=re.escape(message)):
         plan(8192, 8192, 1024, **options)
+
+
+@pytest.mark.parametrize("value", [False, True, 0])
+def test_warp_specialized_is_refused_naming_the_benchmark_module(value):
+    """The option is gone (issue 23): a TypeError that names it, the user's value and where the kernel went."""
+    with pytest.raises(TypeError, match=re.escape(f"Gemm: warp_specialized is no longer an option, got "
+                                                  f"warp_specialized={value!r}")) as info:
+        plan(8192, 8192, 1024, warp_specialized=value)
+    assert "benchmarks/gemm_multistage.py" in str(info.value)
+    with pytest.raises(TypeError, match=re.escape("Gemm: unknown option warp_specialised=False; the options are "
+                                                  "alpha, beta")):
+        plan(8192, 8192, 1024, warp_specialised=False)
 
 
 def test_kn_tiles_of_an_odd_number_of_boxes_are_not_split_between_two_ctas():
@@ -91,8 +106,9 @@ def test_grid_is_persistent_and_never_larger_than_the_work():
 
 
 def _sass(p):
-    """SASS as the GPU build makes it (LTO; the warp-specialized kernel has a register cap for setmaxnreg)."""
-    cap = gemm_module.MAX_REGISTERS if p.config.warp_specialized else None
+    """SASS as the GPU build makes it (LTO; the warp-specialized kernel has a register cap for setmaxnreg, the
+    multistage benchmark kernel none)."""
+    cap = gemm_module.MAX_REGISTERS if isinstance(p, Gemm) else None
     cubin = nbc.compile_cubin(p.kernel.py_func, p.args, "sm_90a", max_registers=cap)
     return nbc.sass(cubin)
 
@@ -102,8 +118,27 @@ VARIANTS = {
     "nk": dict(layout="nk"),
     "kn-f32-beta-tail": dict(layout="kn", out=np.float32, beta=0.5, n=8189),
     "nk-cluster": dict(layout="nk", cluster_m=2),
-    "plain": dict(layout="nk", warp_specialized=False),
+    "multistage": dict(layout="nk", multistage=True, bn=256),  # benchmarks/gemm_multistage.py (Gemm's tile)
 }
+
+
+def load_benchmark(name):
+    """A module of benchmarks/ (not a package) by path."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def multistage_plan(m, n, k, layout="nk", out=np.float16, **options):
+    """benchmarks/gemm_multistage.py's plan on the arrays :func:`plan` makes."""
+    bench = load_benchmark("gemm_multistage")
+    pad = -(-n // 64) * 64
+    b = arr((n, k), ptr=1 << 30) if layout == "nk" else arr((k, n), ptr=1 << 30, strides=(pad * 2, 2))
+    itemsize = np.dtype(out).itemsize
+    return bench.MultistageGemm(arr((m, k)), b, arr((m, n), out, ptr=1 << 34, strides=(pad * itemsize, itemsize)),
+                                b_layout=layout, **options)
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -111,15 +146,16 @@ def built(request):
     v = dict(VARIANTS[request.param])
     n = v.pop("n", 8192)
     layout, out = v.pop("layout"), v.pop("out", np.float16)
+    make = multistage_plan if v.pop("multistage", False) else plan
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_launch, "sm_count", lambda *a: 132)
-        p = plan(8192, n, 8192, layout, out, **v)
+        p = make(8192, n, 8192, layout, out, **v)
     return request.param, p, _sass(p)
 
 
 def test_sass(built):
     name, p, sass = built
-    bn = p.config.bn
+    bn = p.bn if name == "multistage" else p.config.bn
     assert re.search(r"\bHGMMA\.64x%dx16\.F32" % bn, sass), "no m64n%dk16 HGMMA" % bn
     assert not re.search(r"\b(STL|LDL)\b", sass), "local memory in the GEMM kernel"
     assert "UTMALDG" in sass and "UTMASTG" in sass
@@ -130,7 +166,9 @@ def test_sass(built):
     assert len(hgmma) == 4, f"{len(hgmma)} HGMMA (one stage: four k-steps of 16)"
     between = ops[hgmma[0]:hgmma[-1]]
     assert not [op for op in between if op.startswith(("WARPGROUP", "BAR", "SYNCS", "DEPBAR", "WARPSYNC"))]
-    if p.config.warp_specialized:
+    if name == "multistage":
+        assert "USETMAXREG" not in sass and p.block == 256, "the multistage kernel has no role split"
+    else:
         assert "USETMAXREG" in sass, "setmaxnreg did not survive the build"
     if name == "nk-cluster":
         assert "MULTICAST" in sass

@@ -1,10 +1,14 @@
 """GPU tests (marker ``gpu``): numbatma.kernels.Gemm against a float64 reference on fresh random data, NaN-poisoned
 outputs, awkward shapes (1 x 1 x 16, primes, 4097 x 4095 x 1000, padded views), both B layouts, every input /
-output dtype pair, alpha/beta, the plain (not warp-specialized) kernel, numba / CuPy / torch arrays, a stream.
+output dtype pair, alpha/beta, numba / CuPy / torch arrays, a stream; Gemm's refusal of the retired
+``warp_specialized`` option. The multistage (not warp-specialized) comparison kernel that option selected lives in
+benchmarks/gemm_multistage.py now: tested here the same way (float32 reference, poisoned output, ragged shapes).
 
 Tolerance (elementwise): the output's rounding (half an ulp of C's type times |ref|) plus the float32
 accumulation bound K * 2^-23 * (|A| @ |B|), which scales with K."""
+import importlib.util
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -91,12 +95,68 @@ def test_alpha_beta(alpha, beta, out):
 
 
 @pytest.mark.parametrize("options", [dict(bn=128), dict(bn=64, stages=2), dict(bn=192), dict(stages=1),
-                                     dict(warp_specialized=False), dict(warp_specialized=False, stages=1),
                                      dict(group_m=1), dict(grid=3), dict(cluster_m=2), dict(cluster_m=2, stages=1),
                                      dict(cluster_m=2, grid=5)], ids=str)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_options(options, layout):
     run(700, 1000, 520, layout, **options)
+
+
+def test_warp_specialized_is_no_longer_an_option():
+    a, b, c = matrix(64, 64, "bfloat16"), matrix(64, 64, "bfloat16"), matrix(64, 64, "bfloat16")
+    with pytest.raises(TypeError, match="warp_specialized is no longer an option.*benchmarks/gemm_multistage.py"):
+        Gemm(a, b, c, warp_specialized=False)
+
+
+def multistage_module():
+    """benchmarks/gemm_multistage.py (benchmarks/ is not a package: loaded by path)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gemm_multistage.py"
+    spec = importlib.util.spec_from_file_location("gemm_multistage", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# Ragged M and K (partial tiles, several k-steps); N a multiple of 8 (the benchmark kernel has no exact-store tail)
+MULTISTAGE_SHAPES = [(1, 8, 16), (127, 136, 72), (257, 264, 520), (700, 1000, 520), (4097, 4088, 1000)]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(stages=1), dict(bn=128, stages=2), dict(bn=192, grid=3),
+                                     dict(alpha=-0.5, group_m=1)], ids=str)
+@pytest.mark.parametrize("shape", MULTISTAGE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_multistage_benchmark_kernel(shape, layout, options):
+    """benchmarks/gemm_multistage.py against a float32 reference (torch, on the GPU), the output NaN-poisoned
+    first; the tolerance as :func:`check`'s with float32 sums: output rounding + K * 2^-23 * (|A| @ |B|)."""
+    bench = multistage_module()
+    m, n, k = shape
+    a = matrix(m, k, "bfloat16")
+    b = matrix(k, n, "bfloat16") if layout == "kn" else matrix(n, k, "bfloat16")
+    b_kn = b if layout == "kn" else b.t()
+    c = matrix(m, n, "bfloat16", fill=float("nan"))
+    alpha = options.get("alpha", 1.0)
+    plan = bench.MultistageGemm(a, b, c, b_layout=layout, **options)
+    assert plan.launch() is c
+    torch.cuda.synchronize()
+    a32, b32 = a.float(), b_kn.float()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # (a true float32 reference)
+    try:
+        ref = alpha * (a32 @ b32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    got = c.float()
+    assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} outputs never written"
+    bound = OUT_EPS["bfloat16"] * ref.abs() + abs(alpha) * k * 2.0 ** -23 * (a32.abs() @ b32.abs()) + 1e-30
+    bad = (got - ref).abs() > 2 * bound  # (the float32 reference rounds too: twice the bound)
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outside tolerance"
+
+
+def test_multistage_benchmark_kernel_refuses_a_c_with_a_partial_16_byte_unit():
+    bench = multistage_module()
+    a, b, c = matrix(64, 64, "bfloat16"), matrix(61, 64, "bfloat16"), matrix(64, 61, "bfloat16")
+    with pytest.raises(TensorMapError, match=r"c's rows are 122 bytes \(N = 61 bfloat16\)"):
+        bench.MultistageGemm(a, b, c, b_layout="nk")
 
 
 @pytest.mark.parametrize("bn", [64, 192])

@@ -238,13 +238,24 @@ def gemm_arrays():
     (dict(grid=-1), "grid .* got -1"),
     (dict(grid=1.5), "grid .* got 1.5"),
     (dict(bn="128"), "bn must be 64, 128, 192 or 256.*'128'"),
-    (dict(warp_specialized=1), "warp_specialized must be True or False"),
     (dict(alpha=None), "alpha must be a real number"),
     (dict(beta="1"), "beta must be a real number"),
 ])
 def test_gemm_bad_options(options, words):
     with pytest.raises(TensorMapError, match=words):
         Gemm(*gemm_arrays(), **options)
+
+
+@pytest.mark.parametrize("value", [1, False])
+def test_gemm_refuses_the_retired_warp_specialized_option(value):
+    """warp_specialized is no longer an option (issue 23): a TypeError naming it, the value and where the multistage
+    kernel lives now - for the plan and the function form alike."""
+    words = (f"Gemm: warp_specialized is no longer an option, got warp_specialized={value!r}: "
+             f".*benchmarks/gemm_multistage.py")
+    with pytest.raises(TypeError, match=words):
+        Gemm(*gemm_arrays(), warp_specialized=value)
+    with pytest.raises(TypeError, match=words):
+        gemm(*gemm_arrays(), warp_specialized=value)
 
 
 @pytest.mark.parametrize("cls, options, words", [
