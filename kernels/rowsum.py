@@ -12,6 +12,7 @@ from __future__ import annotations
 from numba import cuda, float32
 
 from numbatma import TensorMap, TensorMapError, array_layout, launch_argument
+from numbatma.streams import numba_stream
 from numbatma.intrinsics import Pipeline, persistent_share, shared_view
 
 from ._compile_cache import kernel_factory
@@ -225,7 +226,7 @@ class RowSum(RowsPlan):
         """Launch on ``stream`` (asynchronously) and return ``out``; ``n == 0`` fills ``out`` with zeros."""
         if self.rows and self.kernel is None:  # n == 0: every sum is 0
             with self.on_device():
-                _fill_zero_kernel()[ceil_div(self.rows, 256), 256, self.stream_for(stream)](
+                _fill_zero_kernel()[ceil_div(self.rows, 256), 256, numba_stream(self.stream_for(stream))](
                     launch_argument(self.out_view))
             return self.out
         if self.rows == 0:

@@ -254,11 +254,11 @@ class Tiny(Plan):
 
 def test_a_plan_launches_on_torchs_stream_of_its_device(two_gpus):
     plan = Tiny(t(device=1), t(device=1, ptr=2 * GB))
-    assert plan.stream_for(None) == ("external", 0x101)  # (device 1's, while device 0 is current)
+    assert plan.stream_for(None) == 0x101  # (device 1's, while device 0 is current)
     devices._PEERS.add((1, 0))
     two_gpus["current"] = 1
     peer = Tiny(t(device=0), t(device=1, ptr=2 * GB))  # (device 1 uses device 0's memory: the plan is device 1's)
-    assert peer.device == 1 and peer.stream_for(None) == ("external", 0x101)
+    assert peer.device == 1 and peer.stream_for(None) == 0x101
 
 
 class TorchStreamLike:
@@ -284,8 +284,8 @@ def test_a_stream_of_another_device_is_refused(two_gpus):
         plan.stream_for(TorchStreamLike(0x77, 0))
     with pytest.raises(ValueError, match="belongs to device 0"):
         plan.stream_for(CupyStreamLike(0x78, 0))
-    assert plan.stream_for(TorchStreamLike(0x77, 1)) == ("external", 0x77)
-    assert plan.stream_for(0x79) == ("external", 0x79)  # (a raw handle: not checked, the driver refuses a wrong one)
+    assert plan.stream_for(TorchStreamLike(0x77, 1)) == 0x77
+    assert plan.stream_for(0x79) == 0x79  # (a raw handle: not checked, the driver refuses a wrong one)
     assert streams.stream_device(0x79) is None and streams.stream_device(None) is None
     assert streams.stream_device(TorchStreamLike(1, 1)) == 1 and streams.stream_device(CupyStreamLike(1, 0)) == 0
 
