@@ -1,5 +1,5 @@
 """Building blocks of warp-specialized tensor-core kernels: roles and register budgets, named-barrier turns,
-persistent tile orders, the lagged release of pipeline stages and the TMA-store tail.
+persistent tile orders, the (lagged) release of pipeline stages and the TMA-store tail.
 
 A warp-specialized kernel runs ``1 + consumers`` warpgroups of 128 threads: warpgroup 0 produces (one elected
 thread issues the TMA loads of a :class:`Pipeline`), warpgroups ``1..consumers`` compute (wgmma) and store.
@@ -13,7 +13,7 @@ Named barriers (ids 0..15; 0 is ``cuda.syncthreads()``): consumer warpgroup ``c`
 threads on id ``1 + c`` (:func:`warpgroup_sync`); :func:`pingpong` takes the ids after those by default.
 
 docs/tensor_cores.md ("Building blocks for warp-specialized kernels") shows a kernel written with them;
-kernels/gemm.py is built on them.
+kernels/gemm.py and kernels/attention.py are built on them.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from .wgmma import wgmma_wait_group
 
 __all__ = ["WARPGROUP", "REGISTER_FILE", "RegisterBudget", "register_budget", "warp_specialize", "warpgroup_sync",
            "PingPong", "pingpong", "tile_origin", "persistent_item", "persistent_share", "persistent_grid",
-           "LaggedRelease", "lagged_release", "store_release", "StoreBuffers", "store_buffers"]
+           "wait_release", "LaggedRelease", "lagged_release", "store_release", "StoreBuffers", "store_buffers"]
 
 PTX = {}  # (no instruction of its own: every block is made of other families' intrinsics)
 
@@ -226,6 +226,28 @@ _release_local = cuda.jit(device=True, inline="always")(_release_local)
 
 
 @functools.lru_cache(maxsize=None)
+def wait_release(lag, release=None):
+    """A device function ``acc = wait(pipe, acc, lane)``: wait until at most ``lag`` (0..7) wgmma groups are
+    pending (``wgmma_wait_group(lag)`` on ``acc``) and lane 0 of each warp gives the oldest stage of ``pipe`` back
+    (``release(pipe)``: by default ``pipe.consumer_release()``). Unconditional, so that ptxas sees every wgmma
+    waited for on every path: a loop whose first ``lag`` steps are written out before it (as attention's "overlap"
+    schedule does) uses this inside it rather than :func:`lagged_release`'s ``step`` - a wait under a branch
+    ptxas cannot decide makes it serialize every wgmma of the kernel (warning C7513)."""
+    if not isinstance(lag, int) or not 0 <= lag <= 7:
+        raise ValueError(f"wait_release: lag must be an int in 0..7 (wgmma.wait_group's range), got {lag!r}")
+    give_back = _release_local if release is None else release
+
+    @cuda.jit(device=True, inline="always")
+    def wait(pipe, acc, lane):
+        acc = wgmma_wait_group(lag, acc)
+        if lane == 0:
+            give_back(pipe)
+        return acc
+
+    return wait
+
+
+@functools.lru_cache(maxsize=None)
 def lagged_release(lag, release=None):
     """The consumer side of a :class:`Pipeline` read by wgmma, keeping ``lag`` (0..7) groups in flight: call
     ``acc = step(pipe, acc, i, lane)`` right after committing the group of this thread's ``i``-th stage (``i``
@@ -238,13 +260,12 @@ def lagged_release(lag, release=None):
     if not isinstance(lag, int) or not 0 <= lag <= 7:
         raise ValueError(f"lagged_release: lag must be an int in 0..7 (wgmma.wait_group's range), got {lag!r}")
     give_back = _release_local if release is None else release
+    wait = wait_release(lag, release)
 
     @cuda.jit(device=True, inline="always")
     def step(pipe, acc, i, lane):
         if i >= lag:
-            acc = wgmma_wait_group(lag, acc)
-            if lane == 0:
-                give_back(pipe)
+            acc = wait(pipe, acc, lane)
         return acc
 
     @cuda.jit(device=True, inline="always")

@@ -9,7 +9,10 @@ in q's layout and dtype; ``lse`` (B, Hq, Sq) float32 receives ``log(sum_j exp(sc
 per row. ``causal=True`` masks key ``j > i`` for query ``i`` (the top-left alignment of
 ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``).
 
-Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups):
+Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups, put together from the blocks of
+``numbatma.intrinsics.warp_roles``: ``register_budget(2)`` + ``warp_specialize`` for the roles, ``persistent_item``
+for the order, ``pingpong(2)`` for the turns, ``wait_release`` for the K/V stages, ``store_buffers(1)`` +
+``store_release(0)`` for O's TMA stores and the Q stage):
 
 * **Work**: one item is 128 query rows of one (batch, head); causal items are ordered longest first (the rows
   near the end of the sequence see the most keys), and the CTAs take them in snake order (round ``r``: CTA ``c``
@@ -51,17 +54,16 @@ from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layou
 from numbatma.views import ArrayLayout, layout_view
 from numbatma.intrinsics import (
     Pipeline,
-    bulk_commit_group,
     bulk_wait_group,
-    bulk_wait_group_read,
     elect_one_sync,
-    fence_proxy_async_shared_cta,
-    named_barrier_arrive,
-    named_barrier_sync,
-    setmaxnreg_dec,
-    setmaxnreg_inc,
+    persistent_item,
+    pingpong,
+    register_budget,
     shared_view,
+    store_buffers,
+    store_release,
     tma_store,
+    wait_release,
     wgmma,
     wgmma_a_fragments,
     wgmma_commit_group,
@@ -72,6 +74,8 @@ from numbatma.intrinsics import (
     wgmma_store,
     wgmma_wait_group,
     wgmma_zeros,
+    warp_specialize,
+    warpgroup_sync,
 )
 
 from ._compile_cache import kernel_factory
@@ -86,9 +90,8 @@ BM = 128  # query rows per item: two consumer warpgroups x 64
 WG_ROWS = 64
 CHUNK = 64  # head-dim elements per box: one 128-byte swizzle row of bf16/f16
 WARPGROUP = 128
-MAX_REGISTERS = 168  # at launch: 168 x 384 = the register file; setmaxnreg moves them
-PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232  # 40 x 128 + 2 x 232 x 128 = 168 x 384
+BUDGET = register_budget(2)  # 168 registers a thread at launch; 40 for the producer, 232 for each consumer
+MAX_REGISTERS = BUDGET.launch
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
 LAYOUTS = ("bhsd", "bshd")
@@ -102,8 +105,6 @@ FUSED_MAX_SCALE = 1.0  # |scale| up to this: the fused softmax (the default); be
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
-CONSUMER_THREADS = 2 * WARPGROUP
-PINGPONG = 3  # named barriers 3 and 4: the consumers' turns to issue (1 and 2: their epilogues)
 SCHEDULES = ("serial", "overlap", "pingpong")
 ORDERS = ("snake", "cyclic")  # how a persistent CTA takes its items, round after round
 SWEEPS = ("heads", "queries")  # which index of the items varies fastest
@@ -282,15 +283,6 @@ def _work(lse, heads, sq, sk, bn):
 
 
 @cuda.jit(device=True, inline="always")
-def _round_item(r, snake):
-    """The item this CTA takes in round ``r`` (:class:`AttentionConfig`'s ``order``)."""
-    g = cuda.gridDim.x
-    if snake and r % 2 == 1:
-        return r * g + g - 1 - cuda.blockIdx.x
-    return r * g + cuda.blockIdx.x
-
-
-@cuda.jit(device=True, inline="always")
 def _item(t, heads, batch_heads, nmb, causal, queries_fastest):
     """(batch, head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
     longest first); batch·head fastest, or the query block fastest."""
@@ -329,8 +321,13 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     extremum, far = (_min, POS_INF) if negative else (_max, NEG_INF)
     mask = _mask_uniform if zero else (_mask_above if negative else _mask)
     m_start = far if exact else NEG_INF  # running extremum: raw ("exact") or scaled by scale·log2 e
-    pingpong = schedule == "pingpong"
+    take_turns = schedule == "pingpong"
     snake = order == "snake"
+    turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)  # named barriers 3, 4 (1, 2: warpgroup_sync)
+    release_done = wait_release(0)  # wait for every group, lane 0 releases the stage
+    release_older = wait_release(1)  # wait for the older group (the newer runs on), release its stage
+    q_release = store_release(0)  # the Q stage, once the epilogue's TMA stores have read it
+    out_tile = store_buffers(1)  # O's staging tile: the consumer's rows of the Q stage
     queries_fastest = sweep == "queries"
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
@@ -396,7 +393,134 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
         return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
-    jit = cuda.jit(**({} if SIMULATING else {"max_registers": MAX_REGISTERS}))
+    @cuda.jit(device=True, inline="always")
+    def producer(args):
+        """One elected thread walks this CTA's items: per key block the K and V tiles, the item's Q after its first
+        K and V."""
+        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
+        # (the work counts are computed in each role, after setmaxnreg: values live across it get spilled)
+        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        if cuda.threadIdx.x < 32:
+            if elect_one_sync():
+                for r in range(rounds):
+                    t = persistent_item(r, snake)
+                    if t >= total:  # (only in the last round)
+                        break
+                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+                    hk = h // group
+                    blocks = _key_blocks(m0, nkb, bn, causal)
+                    for j in range(blocks):
+                        s = kpipe.producer_acquire()
+                        for c in range(chunks):
+                            kpipe.load(shared_view(smem, k_base + s * kv_elems + c * box_kv, (bn, CHUNK)), k_map,
+                                       (b, hk, j * bn, CHUNK * c))
+                        kpipe.producer_commit()
+                        s = vpipe.producer_acquire()
+                        for c in range(chunks):
+                            vpipe.load(shared_view(smem, v_base + s * kv_elems + c * box_kv, (bn, CHUNK)), v_map,
+                                       (b, hk, j * bn, CHUNK * c))
+                        vpipe.producer_commit()
+                        if j == 0:
+                            # Q after the item's first K and V: their stages free up while the consumers still
+                            # finish the previous item, Q's only after its epilogue, so K and V are in flight
+                            # (or landed) by the time Q's stage is free.
+                            qs = qpipe.producer_acquire()
+                            for w in range(2):
+                                for c in range(chunks):
+                                    qpipe.load(q_tile(smem, qs, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
+                            qpipe.producer_commit()
+
+    @cuda.jit(device=True, inline="always")
+    def consumer(w, args):
+        """Consumer warpgroup ``w``: its 64 rows of each item - the key blocks in the ``schedule``, then the
+        epilogue."""
+        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
+        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
+        lane = cuda.threadIdx.x % 32
+        row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
+        active = cuda.blockIdx.x < total
+        if take_turns:
+            turn_start(w, active)  # consumer 0 issues first
+        for r in range(rounds):
+            t = persistent_item(r, snake)
+            if t >= total:
+                break
+            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+            blocks = _key_blocks(m0, nkb, bn, causal)
+            row0 = m0 + WG_ROWS * w + row_in_wg
+            m_a = m_start  # running maxima (scaled by scale·log2 e; "exact": raw extrema) of the thread's rows
+            m_b = m_start
+            l_a = ZERO  # running sums of exp2(...)
+            l_b = ZERO
+            o = wgmma_zeros(d)
+            qs = qpipe.consumer_wait()
+            state = (m_a, m_b, l_a, l_b)
+            if schedule == "serial":  # each product issued and waited for in turn
+                for j in range(blocks):
+                    ks = kpipe.consumer_wait()
+                    sacc = release_done(kpipe, issue_qk(smem, q_map, k_map, qs, w, ks), lane)
+                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                    o = wgmma_map(o, _scale_rows, f)
+                    vs = vpipe.consumer_wait()
+                    o = release_done(vpipe, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs), lane)
+            else:  # S of block j is issued with P V of block j - 1; the softmax of j runs while P V does.
+                # Between an issue and its wait no instruction writes a register a later wgmma reads (P's
+                # fragments, O's rescaling come after the wait): else ptxas serializes every wgmma (C7513).
+                if take_turns:
+                    wait_turn(w)  # my turn to issue
+                ks = kpipe.consumer_wait()
+                sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
+                if take_turns:
+                    pass_turn(w)  # the other's turn
+                sacc = release_done(kpipe, sacc, lane)
+                p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
+                pf = wgmma_a_fragments(p, kind)  # (O is zero: nothing to rescale)
+                for j in range(1, blocks):
+                    if take_turns:
+                        wait_turn(w)
+                    ks = kpipe.consumer_wait()
+                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
+                    vs = vpipe.consumer_wait()
+                    o = issue_pv(o, pf, smem, v_map, vs)
+                    if take_turns:
+                        pass_turn(w)
+                    # S of block j is done (P V of j - 1 runs on): its K stage goes back
+                    sacc = release_older(kpipe, sacc, lane)
+                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                    o = release_done(vpipe, o, lane)
+                    o = wgmma_map(o, _scale_rows, f)  # O (through block j - 1) to the maxima of block j
+                    pf = wgmma_a_fragments(p, kind)
+                vs = vpipe.consumer_wait()
+                o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
+            m_a, m_b, l_a, l_b = state
+            # epilogue: normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
+            o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
+            if lane % 4 == 0:
+                if exact:  # M · scale + ln l: M · scale is ±inf only where the true lse is beyond float32
+                    if row0 < sq:
+                        lse[b, h, row0] = m_a * scale_log2 + math.log2(l_a) * LN2_F32
+                    if row0 + 8 < sq:
+                        lse[b, h, row0 + 8] = m_b * scale_log2 + math.log2(l_b) * LN2_F32
+                else:
+                    if row0 < sq:
+                        lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
+                    if row0 + 8 < sq:
+                        lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
+            warpgroup_sync(w)  # every wgmma of this warpgroup has read its Q rows
+            for c in range(chunks):
+                wgmma_store(o, q_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
+            if out_tile.publish(w, tw):  # (fence.proxy.async, warpgroup_sync: thread 0 stores)
+                for c in range(chunks):
+                    tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), q_tile(smem, qs, w, c))
+                q_release(qpipe, 0)  # once the stores have read the Q stage, the producer may refill it
+        if take_turns:
+            turn_finish(w, active)  # the other's last hand-over (balances its first)
+        if tw == 0:
+            bulk_wait_group(0)
+
+    roles = warp_specialize(BUDGET, producer, consumer)
+    jit = cuda.jit(**({} if SIMULATING else {"max_registers": BUDGET.launch}))
 
     @jit
     def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
@@ -405,140 +529,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
         vpipe = Pipeline(stages, 1, 8)
         grid_dependency_sync()
-        wg = cuda.threadIdx.x // WARPGROUP
-        if wg == 0:
-            setmaxnreg_dec(PRODUCER_REGISTERS)
-            # (the work counts are computed after setmaxnreg, in each role: values live across it get spilled)
-            batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
-            if cuda.threadIdx.x < 32:
-                if elect_one_sync():
-                    for r in range(rounds):
-                        t = _round_item(r, snake)
-                        if t >= total:  # (only in the last round)
-                            break
-                        b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
-                        hk = h // group
-                        blocks = _key_blocks(m0, nkb, bn, causal)
-                        for j in range(blocks):
-                            s = kpipe.producer_acquire()
-                            for c in range(chunks):
-                                kpipe.load(shared_view(smem, k_base + s * kv_elems + c * box_kv, (bn, CHUNK)), k_map,
-                                           (b, hk, j * bn, CHUNK * c))
-                            kpipe.producer_commit()
-                            s = vpipe.producer_acquire()
-                            for c in range(chunks):
-                                vpipe.load(shared_view(smem, v_base + s * kv_elems + c * box_kv, (bn, CHUNK)), v_map,
-                                           (b, hk, j * bn, CHUNK * c))
-                            vpipe.producer_commit()
-                            if j == 0:
-                                # Q after the item's first K and V: their stages free up while the consumers still
-                                # finish the previous item, Q's only after its epilogue, so K and V are in flight
-                                # (or landed) by the time Q's stage is free.
-                                qs = qpipe.producer_acquire()
-                                for w in range(2):
-                                    for c in range(chunks):
-                                        qpipe.load(q_tile(smem, qs, w, c), q_map, (b, h, m0 + WG_ROWS * w, CHUNK * c))
-                                qpipe.producer_commit()
-        else:
-            setmaxnreg_inc(CONSUMER_REGISTERS)
-            batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
-            w = wg - 1
-            tw = cuda.threadIdx.x - wg * WARPGROUP
-            lane = cuda.threadIdx.x % 32
-            row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
-            if pingpong and w == 1 and cuda.blockIdx.x < total:
-                named_barrier_arrive(PINGPONG, CONSUMER_THREADS)  # consumer 0 issues first
-            for r in range(rounds):
-                t = _round_item(r, snake)
-                if t >= total:
-                    break
-                b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
-                blocks = _key_blocks(m0, nkb, bn, causal)
-                row0 = m0 + WG_ROWS * w + row_in_wg
-                m_a = m_start  # running maxima (scaled by scale·log2 e; "exact": raw extrema) of the thread's rows
-                m_b = m_start
-                l_a = ZERO  # running sums of exp2(...)
-                l_b = ZERO
-                o = wgmma_zeros(d)
-                qs = qpipe.consumer_wait()
-                state = (m_a, m_b, l_a, l_b)
-                if schedule == "serial":  # each product issued and waited for in turn
-                    for j in range(blocks):
-                        ks = kpipe.consumer_wait()
-                        sacc = wgmma_wait_group(0, issue_qk(smem, q_map, k_map, qs, w, ks))
-                        if lane == 0:
-                            kpipe.consumer_release()
-                        p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
-                        o = wgmma_map(o, _scale_rows, f)
-                        vs = vpipe.consumer_wait()
-                        o = wgmma_wait_group(0, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs))
-                        if lane == 0:
-                            vpipe.consumer_release()
-                else:  # S of block j is issued with P V of block j - 1; the softmax of j runs while P V does.
-                    # Between an issue and its wait no instruction writes a register a later wgmma reads (P's
-                    # fragments, O's rescaling come after the wait): else ptxas serializes every wgmma (C7513).
-                    if pingpong:
-                        named_barrier_sync(PINGPONG + w, CONSUMER_THREADS)  # my turn to issue
-                    ks = kpipe.consumer_wait()
-                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
-                    if pingpong:
-                        named_barrier_arrive(PINGPONG + 1 - w, CONSUMER_THREADS)  # the other's turn
-                    sacc = wgmma_wait_group(0, sacc)
-                    if lane == 0:
-                        kpipe.consumer_release()
-                    p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
-                    pf = wgmma_a_fragments(p, kind)  # (O is zero: nothing to rescale)
-                    for j in range(1, blocks):
-                        if pingpong:
-                            named_barrier_sync(PINGPONG + w, CONSUMER_THREADS)
-                        ks = kpipe.consumer_wait()
-                        sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
-                        vs = vpipe.consumer_wait()
-                        o = issue_pv(o, pf, smem, v_map, vs)
-                        if pingpong:
-                            named_barrier_arrive(PINGPONG + 1 - w, CONSUMER_THREADS)
-                        sacc = wgmma_wait_group(1, sacc)  # S of block j is done; P V of j - 1 runs on
-                        if lane == 0:
-                            kpipe.consumer_release()
-                        p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
-                        o = wgmma_wait_group(0, o)
-                        if lane == 0:
-                            vpipe.consumer_release()
-                        o = wgmma_map(o, _scale_rows, f)  # O (through block j - 1) to the maxima of block j
-                        pf = wgmma_a_fragments(p, kind)
-                    vs = vpipe.consumer_wait()
-                    o = wgmma_wait_group(0, issue_pv(o, pf, smem, v_map, vs))
-                    if lane == 0:
-                        vpipe.consumer_release()
-                m_a, m_b, l_a, l_b = state
-                # epilogue: normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
-                o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
-                if lane % 4 == 0:
-                    if exact:  # M · scale + ln l: M · scale is ±inf only where the true lse is beyond float32
-                        if row0 < sq:
-                            lse[b, h, row0] = m_a * scale_log2 + math.log2(l_a) * LN2_F32
-                        if row0 + 8 < sq:
-                            lse[b, h, row0 + 8] = m_b * scale_log2 + math.log2(l_b) * LN2_F32
-                    else:
-                        if row0 < sq:
-                            lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
-                        if row0 + 8 < sq:
-                            lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
-                named_barrier_sync(1 + w, WARPGROUP)  # every wgmma of this warpgroup has read its Q rows
-                for c in range(chunks):
-                    wgmma_store(o, q_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
-                fence_proxy_async_shared_cta()
-                named_barrier_sync(1 + w, WARPGROUP)
-                if tw == 0:
-                    for c in range(chunks):
-                        tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), q_tile(smem, qs, w, c))
-                    bulk_commit_group()
-                    bulk_wait_group_read(0)  # the stores have read the Q stage: the producer may refill it
-                    qpipe.consumer_release()
-            if pingpong and w == 0 and cuda.blockIdx.x < total:
-                named_barrier_sync(PINGPONG, CONSUMER_THREADS)  # the other's last hand-over (balances its first)
-            if tw == 0:
-                bulk_wait_group(0)
+        roles((smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2))
 
     return attention_kernel
 

@@ -1,12 +1,15 @@
 """CPU: the host side of numbatma.intrinsics.warp_roles - register budgets (the arithmetic and its refusals), the
 grouped tile order (a bijection that walks group_m tile rows at a time), persistent grids, and the factories'
-refusals. (The device blocks are compiled and checked through Gemm: tests/test_gemm_cpu.py.)"""
+refusals; that the tensor-core kernels take their roles, turns and barriers from these blocks. (The device blocks
+are compiled and checked through Gemm and Attention: tests/test_gemm_cpu.py, tests/test_attention_cpu.py.)"""
+import ast
+import pathlib
 import re
 
 import pytest
 
 from numbatma.intrinsics import (lagged_release, persistent_grid, pingpong, register_budget, store_buffers,
-                                 tile_origin)
+                                 tile_origin, wait_release)
 
 
 def test_register_budgets_fill_the_register_file():
@@ -58,4 +61,33 @@ def test_factories_refuse_bad_constants():
         pingpong(1)
     with pytest.raises(ValueError, match=r"within 1..15, got consumers=2, first_barrier=15"):
         pingpong(2, 15)
+    with pytest.raises(ValueError, match=r"wait_release: lag must be an int in 0..7 .*got -1"):
+        wait_release(-1)
+    with pytest.raises(ValueError, match=r"wait_release: lag must be an int in 0..7 .*got 1.0"):
+        wait_release(1.0)
     assert len(pingpong(2)) == 4 and len(lagged_release(1)) == 2 and len(store_buffers(2)) == 2
+    assert wait_release(1) is wait_release(1)  # (one device function per constant: kernels share its compile)
+
+
+# What the warp_roles blocks do for a kernel; a kernel of numbatma.kernels that calls these itself has grown its own
+# copy of the skeleton again (issue 23).
+RAW_SKELETON = {"setmaxnreg_inc", "setmaxnreg_dec", "named_barrier_sync", "named_barrier_arrive",
+                "fence_proxy_async_shared_cta", "bulk_wait_group_read"}
+KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels"
+
+
+def raw_skeleton_calls(source):
+    return sorted({node.func.id for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in RAW_SKELETON})
+
+
+@pytest.mark.parametrize("name", ["gemm.py", "attention.py"])
+def test_tensor_core_kernels_take_their_skeleton_from_warp_roles(name):
+    source = (KERNELS / name).read_text()
+    assert raw_skeleton_calls(source) == [], f"kernels/{name} calls these itself instead of a warp_roles block"
+    assert "warp_specialize(" in source and "register_budget(" in source
+
+
+def test_the_skeleton_scan_finds_a_planted_call():
+    assert raw_skeleton_calls("def f():\n    setmaxnreg_inc(232)\n    named_barrier_sync(1, 128)\n") == [
+        "named_barrier_sync", "setmaxnreg_inc"]
