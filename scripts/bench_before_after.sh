@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Before/after benchmarks in one device call: two numbatma versions installed side by side, their runs alternated
+# (A B A B ...) so clock drift hits both, each with its peer (cuBLAS, cuDNN) timed in the same process.
+#   git worktree add .old <commit>      # the "before" tree (carried to the device machine with .whl)
+#   BENCH="attention.py --only seq --seqs 1024,4096,16384 --reps 10" ROUNDS=2 bash scripts/bench_before_after.sh
+# BENCH: one or more ';'-separated benchmark command lines (a script of benchmarks/ and its arguments; each version
+# runs its own copy of the script). Logs: $OUT/<n>-<before|after>-<round>.txt; BUDGET (seconds, default 540)
+# stops starting new runs once spent; PER_RUN_TIMEOUT (default 200) ends one run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-logs}"; mkdir -p "$out"
+base=$(mktemp -d); old=$(mktemp -d); new=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$base" .whl/*.whl || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$old" ./.old || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$new" . || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+(cd .old && git rev-parse --short HEAD 2>/dev/null || echo "${OLD_COMMIT:-?}") | sed 's/^/before: /' | tee -a "$out/gpu.txt"
+echo "after: ${NUMBATMA_COMMIT:-working tree}" | tee -a "$out/gpu.txt"
+IFS=';' read -ra benches <<< "${BENCH:-attention.py --only seq --quick}"
+for ((r = 1; r <= ${ROUNDS:-1}; r++)); do
+  for i in "${!benches[@]}"; do
+    for v in before after; do
+      if ((SECONDS > ${BUDGET:-540})); then echo "budget spent: skipping $v round $r bench $i" | tee -a "$out/gpu.txt"; continue; fi
+      tree=$PWD; site=$new; [[ $v == before ]] && tree=$PWD/.old && site=$old
+      read -ra cmd <<< "${benches[$i]}"
+      log="$out/$i-$v-$r.txt"
+      echo "== $v round $r: ${benches[$i]} (t=${SECONDS}s)" | tee "$log"
+      (cd /tmp && PYTHONPATH="$base:$site" NUMBATMA_DISK_CACHE=0 timeout ${PER_RUN_TIMEOUT:-200} \
+         python3 "$tree/benchmarks/${cmd[0]}" "${cmd[@]:1}") >> "$log" 2>&1
+      echo "exit $?" >> "$log"
+    done
+  done
+done
