@@ -21,13 +21,13 @@ from numbatma._shapes import tile_alignment
 from numbatma.errors import TypingError
 
 if not SIMULATING:
-    from numba.cuda import types
+    from numba.cuda import cgutils, types
     from numba.cuda.core import errors
     from numbatma._numba_internals import intrinsic as _intrinsic
 
     from numbatma._types import MBarrierRefType, SharedArray, TensorMapType
 else:  # pragma: no cover - exercised by the simulator tests
-    types = errors = _intrinsic = None
+    types = errors = _intrinsic = cgutils = None
 
 
 def sim():
@@ -355,3 +355,30 @@ def to_i32(context, builder, ty, value):
 def to_u32(context, builder, ty, value):
     return context.cast(builder, value, ty, types.uint32)
 
+
+def index_types(op, what, ary, index):
+    """Typing: ``index`` names one element of ``ary`` (an integer for a 1-D array, else a tuple of integers)."""
+    if isinstance(index, types.Integer):
+        if ary.ndim != 1:
+            fail(op, f"{what} is {ary.ndim}-D: index it with a tuple of {ary.ndim} integers")
+        return
+    if not (isinstance(index, types.BaseTuple) and len(index) == ary.ndim
+            and all(isinstance(t, types.Integer) for t in index)):
+        fail(op, f"the index into {what} ({ary}) must be {ary.ndim} integer(s), got {index}")
+
+
+def element_pointer(context, builder, aryty, ary, indty, index):
+    """Lowering: an i8* to element ``index`` of ``ary``."""
+    arr = context.make_array(aryty)(context, builder, ary)
+    if isinstance(indty, types.Integer):
+        inds = [context.cast(builder, index, indty, types.intp)]
+    else:
+        inds = [context.cast(builder, builder.extract_value(index, i), t, types.intp) for i, t in enumerate(indty)]
+    ptr = cgutils.get_item_pointer(context, builder, aryty, arr, inds)
+    return builder.bitcast(ptr, ir.IntType(8).as_pointer())
+
+
+def shared_pointer(builder, ptr):
+    """Lowering: the 32-bit shared-window address of a generic pointer into shared memory."""
+    smem = builder.addrspacecast(ptr, ir.IntType(8).as_pointer(3))
+    return builder.ptrtoint(smem, ir.IntType(32))

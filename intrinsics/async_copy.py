@@ -19,10 +19,13 @@ from ._define import (
     SIMULATING,
     barrier_address,
     device_op,
+    element_pointer,
     emit_only,
     fail,
+    index_types,
     require_barrier,
     require_literal_int,
+    shared_pointer,
     sim,
 )
 
@@ -62,46 +65,6 @@ if not SIMULATING:
 
     from ._define import require_shared
 
-
-
-def literal_fail(op, message):
-    """``fail`` for a rule about a compile-time constant argument of a ``prefer_literal`` intrinsic (kept as a
-    name: ``device_op`` reports such a rule even when Numba's retry with plain types would succeed)."""
-    fail(op, message)
-
-
-def literal_rules(typer):
-    """Formerly deferred a broken constant rule to lowering; ``device_op(prefer_literal=True)`` now marks an
-    error raised while constants are visible as fatal (``numbatma/errors.py``), so this is the identity."""
-    return typer
-
-
-def index_types(op, what, ary, index):
-    """Typing: ``index`` names one element of ``ary`` (an integer for a 1-D array, else a tuple of integers)."""
-    if isinstance(index, types.Integer):
-        if ary.ndim != 1:
-            fail(op, f"{what} is {ary.ndim}-D: index it with a tuple of {ary.ndim} integers")
-        return
-    if not (isinstance(index, types.BaseTuple) and len(index) == ary.ndim
-            and all(isinstance(t, types.Integer) for t in index)):
-        fail(op, f"the index into {what} ({ary}) must be {ary.ndim} integer(s), got {index}")
-
-
-def element_pointer(context, builder, aryty, ary, indty, index):
-    """Lowering: an i8* to element ``index`` of ``ary``."""
-    arr = context.make_array(aryty)(context, builder, ary)
-    if isinstance(indty, types.Integer):
-        inds = [context.cast(builder, index, indty, types.intp)]
-    else:
-        inds = [context.cast(builder, builder.extract_value(index, i), t, types.intp) for i, t in enumerate(indty)]
-    ptr = cgutils.get_item_pointer(context, builder, aryty, arr, inds)
-    return builder.bitcast(ptr, ir.IntType(8).as_pointer())
-
-
-def shared_pointer(builder, ptr):
-    """Lowering: the 32-bit shared-window address of a generic pointer into shared memory."""
-    smem = builder.addrspacecast(ptr, ir.IntType(8).as_pointer(3))
-    return builder.ptrtoint(smem, ir.IntType(32))
 
 
 @device_op(prefer_literal=True, simulate=lambda dst, di, src, si, n: sim_cp_async(dst, di, src, si, n))
@@ -203,10 +166,10 @@ def _block_copy_types(op, dst, src, nbytes):
     if isinstance(nbytes, types.IntegerLiteral):
         n = nbytes.literal_value
         if n < 0 or n % 16:
-            literal_fail(op, f"nbytes must be a non-negative multiple of 16 (each thread copies 16-byte pieces), "
+            fail(op, f"nbytes must be a non-negative multiple of 16 (each thread copies 16-byte pieces), "
                              f"got {n}")
         if dst.nbytes is not None and n > dst.nbytes:
-            literal_fail(op, f"nbytes {n} exceeds the destination {dst.static_shape} ({dst.nbytes} bytes)")
+            fail(op, f"nbytes {n} exceeds the destination {dst.static_shape} ({dst.nbytes} bytes)")
     elif not isinstance(nbytes, types.Integer):
         fail(op, f"nbytes must be an integer, got {nbytes}")
 
@@ -237,7 +200,6 @@ def _block_copy_codegen(finish):
 
 
 @device_op(prefer_literal=True, simulate=lambda dst, src, n: sim_memcpy_async(dst, src, n, None))
-@literal_rules
 def memcpy_async(typingctx, dst, src, nbytes):
     """Block-cooperative asynchronous copy of ``nbytes`` bytes from the start of the global array ``src``
     to the start of the shared array ``dst``, completing in a cp.async commit group.
@@ -259,7 +221,6 @@ def memcpy_async(typingctx, dst, src, nbytes):
 
 
 @device_op(prefer_literal=True, simulate=lambda dst, src, n, bar: sim_memcpy_async(dst, src, n, bar))
-@literal_rules
 def memcpy_async_mbarrier(typingctx, dst, src, nbytes, bar):
     """``memcpy_async`` whose completion is an arrival on the mbarrier ``bar``: each thread issues its
     16-byte ``cp.async.cg`` pieces, then ``cp.async.mbarrier.arrive.noinc.shared.b64 [bar];`` (the

@@ -32,7 +32,8 @@ import numpy as np
 
 from . import mbarrier
 from ._asm import Ptx
-from ._define import SIMULATING, barrier_address, device_op, fail, require_barrier, require_shared, sim
+from ._define import (SIMULATING, barrier_address, device_op, element_pointer, fail, index_types, require_barrier,
+                      require_shared, shared_pointer, sim)
 
 __all__ = [
     "bulk_load",
@@ -100,9 +101,7 @@ if not SIMULATING:
 
     from numbatma._types import SharedArray
 
-    from .async_copy import element_pointer, index_types, shared_pointer, literal_fail
 
-from .async_copy import literal_rules
 
 
 # -- typing checks ----------------------------------------------------------------------------------------
@@ -134,7 +133,7 @@ def _check_size(op, nbytes, item, what="the byte count", report=None):
 def _literal_size(op, nbytes, item):
     """The byte count if it is a compile-time constant (checked), else None (a run-time integer)."""
     if isinstance(nbytes, types.IntegerLiteral):
-        _check_size(op, nbytes.literal_value, item, report=literal_fail)
+        _check_size(op, nbytes.literal_value, item, report=fail)
         return nbytes.literal_value
     if not isinstance(nbytes, types.Integer):
         fail(op, f"nbytes must be an integer, got {nbytes}")
@@ -147,7 +146,7 @@ def _check_index(op, what, ary, index):
     if isinstance(index, types.IntegerLiteral):
         offset = index.literal_value * (ary.dtype.bitwidth // 8)
         if offset % 16:
-            literal_fail(op, f"{what} index {index.literal_value} is {offset} bytes from the array start, not a "
+            fail(op, f"{what} index {index.literal_value} is {offset} bytes from the array start, not a "
                              f"multiple of 16: bulk copies need 16-byte aligned addresses")
 
 
@@ -228,7 +227,6 @@ def bulk_load(typingctx, dst, src, bar):
 
 @device_op(prefer_literal=True,
            simulate=lambda dst, di, src, si, n, bar: _sim_load(dst, di, src, si, n, bar, "bulk_load_at"))
-@literal_rules
 def bulk_load_at(typingctx, dst, dst_index, src, src_index, nbytes, bar):
     """Start copying ``nbytes`` bytes from ``src[src_index]`` (global) on to ``dst[dst_index]`` (shared)
     on; completion delivers ``nbytes`` transaction bytes to the mbarrier ``bar``.
@@ -322,7 +320,6 @@ def _shared_to_global_at(op, dst, dst_index, src, src_index, nbytes, ptx_for, fi
 
 @device_op(prefer_literal=True,
            simulate=lambda dst, di, src, si, n: _sim_store(dst, di, src, si, n, "bulk_store_at", None))
-@literal_rules
 def bulk_store_at(typingctx, dst, dst_index, src, src_index, nbytes):
     """Start copying ``nbytes`` bytes from ``src[src_index]`` (shared) on to ``dst[dst_index]`` (global)
     on, in the current bulk group: ``cp.async.bulk.global.shared::cta.bulk_group [dst], [src], nbytes;``.
@@ -361,7 +358,6 @@ def _cluster_address(context, builder, ty, value, barrier=False):
 
 @device_op(prefer_literal=True,
            simulate=lambda dst, src, n, bar: _sim_cluster_copy(dst, src, n, bar))
-@literal_rules
 def bulk_copy_to_cluster(typingctx, dst, src, nbytes, bar):
     """Start copying ``nbytes`` bytes from the start of the shared array ``src`` (this CTA) to the
     shared::cluster address ``dst`` (usually another CTA's shared memory: ``mapa_shared(array, rank)``);
@@ -387,7 +383,7 @@ def bulk_copy_to_cluster(typingctx, dst, src, nbytes, bar):
     _require_contiguous(op, "the source", src)
     _literal_size(op, nbytes, 1)
     if isinstance(nbytes, types.IntegerLiteral) and src.nbytes is not None and nbytes.literal_value > src.nbytes:
-        literal_fail(op, f"nbytes {nbytes.literal_value} exceeds the source {src.static_shape} ({src.nbytes} bytes)")
+        fail(op, f"nbytes {nbytes.literal_value} exceeds the source {src.static_shape} ({src.nbytes} bytes)")
     _cluster_operand(op, "the mbarrier", bar, barrier=True)
 
     def codegen(context, builder, sig, args):
@@ -411,17 +407,16 @@ def _reduce_ptx(op_name, opty, dtype):
     op = opty.literal_value
     table = REDUCE_TYPES.get(op)
     if table is None:
-        literal_fail(op_name, f"unknown reduction {op!r}; cp.reduce.async.bulk has "
+        fail(op_name, f"unknown reduction {op!r}; cp.reduce.async.bulk has "
                       f"{', '.join(repr(o) for o in REDUCE_TYPES)}")
     name = str(dtype)
     if name not in table:
-        literal_fail(op_name, f"{op!r} is not available for {name} elements: cp.reduce.async.bulk.{op} takes "
+        fail(op_name, f"{op!r} is not available for {name} elements: cp.reduce.async.bulk.{op} takes "
                       f"{', '.join(table)} (PTX ISA)")
     return REDUCE[(op, table[name])]
 
 
 @device_op(prefer_literal=True, simulate=lambda op, dst, src: _sim_store(dst, 0, src, 0, None, "bulk_reduce", op))
-@literal_rules
 def bulk_reduce(typingctx, op, dst, src):
     """Start reducing the shared array ``src`` element-wise into the start of the global array ``dst``
     (``dst[i] = op(dst[i], src[i])``, each element atomically), in the current bulk group.
@@ -440,7 +435,6 @@ def bulk_reduce(typingctx, op, dst, src):
 
 @device_op(prefer_literal=True,
            simulate=lambda op, dst, di, src, si, n: _sim_store(dst, di, src, si, n, "bulk_reduce_at", op))
-@literal_rules
 def bulk_reduce_at(typingctx, op, dst, dst_index, src, src_index, nbytes):
     """``bulk_reduce`` of ``nbytes`` bytes from ``src[src_index]`` (shared) into ``dst[dst_index]``
     (global): ``cp.reduce.async.bulk.global.shared::cta.bulk_group.<op>.<type> [dst], [src], nbytes;``.
@@ -453,7 +447,6 @@ def bulk_reduce_at(typingctx, op, dst, dst_index, src, src_index, nbytes):
 
 # -- L2 prefetch -------------------------------------------------------------------------------------------
 @device_op(prefer_literal=True, simulate=lambda src, n: _sim_prefetch(src, 0, n, "bulk_prefetch_l2"))
-@literal_rules
 def bulk_prefetch_l2(typingctx, src, nbytes):
     """Hint that the first ``nbytes`` bytes of the global array ``src`` be brought into L2:
     ``cp.async.bulk.prefetch.L2.global [src], nbytes;``. No completion, no effect on results. The caller
@@ -472,7 +465,6 @@ def bulk_prefetch_l2(typingctx, src, nbytes):
 
 
 @device_op(prefer_literal=True, simulate=lambda src, si, n: _sim_prefetch(src, si, n, "bulk_prefetch_l2_at"))
-@literal_rules
 def bulk_prefetch_l2_at(typingctx, src, src_index, nbytes):
     """``bulk_prefetch_l2`` of ``nbytes`` bytes from ``src[src_index]`` on:
     ``cp.async.bulk.prefetch.L2.global [src], nbytes;``."""
