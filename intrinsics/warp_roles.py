@@ -203,9 +203,14 @@ def persistent_share(ntiles):
     return first, step, mine
 
 
-def persistent_grid(items, sms, ctas_per_sm=1):
+def persistent_grid(items, sms=None, ctas_per_sm=1):
     """Host side: the blocks of a persistent grid - enough to fill ``sms`` SMs (``ctas_per_sm`` each), never more
-    than there are ``items`` (at least 1). ``sms``: e.g. ``cuda.get_current_device().MULTIPROCESSOR_COUNT``."""
+    than there are ``items`` (at least 1). ``sms``: by default the current device's SM count
+    (:func:`numbatma.devices.sm_count`; pass ``sm_count(d)`` for the device a launch will run on)."""
+    if sms is None:
+        from numbatma.devices import sm_count
+
+        sms = sm_count()
     for what, value in (("items", items), ("sms", sms), ("ctas_per_sm", ctas_per_sm)):
         if not isinstance(value, int) or value < (0 if what == "items" else 1):
             raise ValueError(f"persistent_grid: {what} must be an int >= {0 if what == 'items' else 1}, got {value!r}")

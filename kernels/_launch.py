@@ -2,12 +2,10 @@
 slot sizes, array checks. Every kernel takes these from here (one definition of each)."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from numbatma import SIMULATING, TensorMapError, array_layout, byte_span
-from numbatma.devices import current_device
+from numbatma.devices import sm_count as _device_sm_count
 from numbatma.intrinsics import persistent_grid as _persistent_grid
 
 # Shared memory on H100/H200 (and B200): per-block opt-in maximum (static + dynamic), and per SM (the
@@ -20,37 +18,10 @@ BOX_ALIGN = 128  # a TMA tile in shared memory starts on a 128-byte boundary
 
 
 def sm_count(device_id=None):
-    """Number of SMs of device ``device_id`` (a persistent grid launches a multiple of it); by default of the current
-    device, which is the plan's own while a plan is built or prepared (:class:`numbatma.kernels.Plan` makes its
-    device current for that). Known once per device."""
-    if device_id is None:
-        device_id = current_device()
-        if device_id is None:  # (no context current yet: numba makes device 0's current, as a launch would)
-            from numba import cuda
-
-            device_id = cuda.get_current_device().id
-    return _sm_count_checked(device_id)
-
-
-def _sm_count_checked(device_id):
-    """:func:`_sm_count` of a device id that is an int >= 0 (else a ValueError saying the id is invalid)."""
-    if type(device_id) is not int:
-        from ._options import int_option
-
-        device_id = int_option("sm_count", "device_id", device_id, 0)
-    if device_id < 0:
-        raise ValueError(f"sm_count: device_id must be a CUDA device ordinal (an integer >= 0), got {device_id}: "
-                         f"an invalid device id")
-    return _sm_count(device_id)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_id):
-    from numba import cuda
-
-    if SIMULATING:
-        return cuda.get_current_device().MULTIPROCESSOR_COUNT
-    return cuda.gpus[device_id].MULTIPROCESSOR_COUNT
+    """Number of SMs of device ``device_id`` (:func:`numbatma.devices.sm_count`): by default of the current device,
+    which is the plan's own while a plan is built or prepared (:class:`numbatma.kernels.Plan` makes its device current
+    for that). (The kernels' one way to it: the CPU tests replace this function to fix the SM count.)"""
+    return _device_sm_count(device_id)
 
 
 def persistent_grid(ntiles, ctas_per_sm=1, device_id=None):

@@ -27,12 +27,14 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
+import functools
 import threading
 
 from ._env import SIMULATING
 
 __all__ = ["array_device", "common_device", "current_device", "device_count", "device_reader", "enable_peer_access",
-           "enter_device", "leave_device", "on_device", "peer_access_enabled", "register_reader", "several_devices"]
+           "enter_device", "leave_device", "on_device", "peer_access_enabled", "register_reader", "several_devices",
+           "sm_count"]
 
 _DLPACK_CUDA = 2  # DLPack's kDLCUDA (kDLCUDAHost 3 and kDLCUDAManaged 13: memory no one device owns)
 
@@ -74,6 +76,31 @@ def current_device():
 
 
 _COUNT = []  # (the number of devices, once known)
+
+
+def sm_count(device_id=None):
+    """Number of SMs of device ``device_id`` (what a persistent grid fills: ``numbatma.intrinsics.persistent_grid``);
+    by default of the current device (with no context current, numba makes device 0's current, as a launch would).
+    Known once per device. Raises ``ValueError`` for an id that is not an integer >= 0."""
+    if device_id is None:
+        device_id = current_device()
+        if device_id is None:
+            from numba import cuda
+
+            device_id = cuda.get_current_device().id
+    if isinstance(device_id, bool) or not hasattr(device_id, "__index__") or device_id < 0:
+        raise ValueError(f"sm_count: device_id must be a CUDA device ordinal (an integer >= 0), got {device_id!r}: "
+                         f"an invalid device id")
+    return _sm_count(int(device_id))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id):
+    from numba import cuda
+
+    if SIMULATING:
+        return cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return cuda.gpus[device_id].MULTIPROCESSOR_COUNT
 
 
 def device_count():

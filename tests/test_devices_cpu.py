@@ -229,19 +229,21 @@ def test_a_process_with_one_device_reads_no_devices(two_gpus, monkeypatch):
 
 def test_sm_count_is_per_device(monkeypatch):
     from numba import cuda
+    from numbatma.intrinsics import persistent_grid
 
     current = [0]
     monkeypatch.setattr(cuda, "gpus", [types.SimpleNamespace(MULTIPROCESSOR_COUNT=132),
                                        types.SimpleNamespace(MULTIPROCESSOR_COUNT=78)], raising=False)
-    monkeypatch.setattr(_launch, "current_device", lambda: current[0])
-    _launch._sm_count.cache_clear()
+    monkeypatch.setattr(devices, "current_device", lambda: current[0])
+    devices._sm_count.cache_clear()
     try:
         assert (_launch.sm_count(0), _launch.sm_count(1), _launch.sm_count()) == (132, 78, 132)
         current[0] = 1
         assert _launch.sm_count() == 78 and _launch.persistent_grid(10 ** 6) == 78
         assert _launch.persistent_grid(10 ** 6, 2, device_id=0) == 264 and _launch.persistent_grid(5) == 5
+        assert persistent_grid(10 ** 6) == 78 and persistent_grid(10 ** 6, devices.sm_count(0)) == 132  # the public one
     finally:
-        _launch._sm_count.cache_clear()
+        devices._sm_count.cache_clear()
 
 
 # -- launches: the plan's device, streams of the plan's device ---------------------------------------------------------

@@ -1,8 +1,11 @@
 """The plan rules of numbatma.kernels, offline (no GPU): overlap of written arguments, read-only outputs, attributes
 that may change after building, option types and ranges, scalar arguments, empty arrays of any strides."""
 import numpy as np
+import re
+
 import pytest
 
+import numbatma.devices
 from numbatma import TensorMapError
 from numbatma.kernels import (Axpy, Gemm, Laplacian5, RowSum, Softmax, StreamCopy, Transpose, _launch, _plan,
                               _plan_cache, axpy, clear_plan_cache, gemm, laplacian5, plan_cache_info, row_sum, softmax,
@@ -295,9 +298,10 @@ def test_plan_cache_size_refuses_a_string():
         _plan_cache.plan_cache_size("abc")
 
 
-def test_sm_count_refuses_a_negative_device():
-    with pytest.raises(ValueError, match="sm_count: device_id must be .*got -1"):
-        _launch._sm_count_checked(-1)
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", True])
+def test_sm_count_refuses_a_bad_device(bad):
+    with pytest.raises(ValueError, match=f"sm_count: device_id must be .*got {re.escape(repr(bad))}"):
+        numbatma.devices.sm_count(bad)
 
 
 # -- scalars ---------------------------------------------------------------------------------------------------------
