@@ -225,10 +225,13 @@ def test_fallback_launch_through_numba_carries_dependent(monkeypatch, dependent)
     """Where the launch cannot be prepared (a debug kernel, host arrays: ``_numba_internals.prepare_launch``
     returns None), each run launches through numba, and ``dependent=True`` puts it in hook 11's scope."""
     monkeypatch.setattr("numbatma._prepared_launch.prepare_launch", lambda *a, **k: None)
+    # the handle becomes numba's external stream at this edge (numbatma.streams.numba_stream), and only here
+    monkeypatch.setattr("numbatma.streams._external", lambda handle: ("external", handle))
     kernel = _FakeDispatcher()
     run = numbatma.prepare_launch(kernel, [1, 2], 8, 64, 256, dependent=dependent)
     run(3)
-    assert kernel.launches == [((8, 64, 3, 256), (1, 2), dependent)]
+    run(0)
+    assert kernel.launches == [((8, 64, ("external", 3), 256), (1, 2), dependent), ((8, 64, 0, 256), (1, 2), dependent)]
     assert not internals.dependent_launches()
 
 
