@@ -52,6 +52,7 @@ from .errors import SimulatedHang, SimulatedMisuse, SimulatedTypingError  # noqa
 from .im2col import Im2colTensorMap  # noqa: E402
 from .launch import dependent_launch, prepare_launch  # noqa: E402
 from .views import ArrayLayout, DeviceView, launch_argument  # noqa: E402
+from . import autotune  # noqa: E402 (the module: numbatma.autotune.tune, time_launch, bucket; docs/autotune.md)
 
 
 __all__ = [
@@ -87,4 +88,5 @@ __all__ = [
     "SimulatedHang",
     "SimulatedMisuse",
     "SimulatedTypingError",
+    "autotune",
 ]
