@@ -62,12 +62,32 @@ def label(value, what="config"):
     """The canonical text of a config or key: the same in every process, different for values that differ. Takes
     None, bools, ints, floats, strings (NumPy scalars as the Python ones), enum members, NumPy dtypes, and tuples
     (named tuples with their field names), dicts (keys sorted by their label) and dataclass instances of these.
-    Anything else is a TypeError naming ``what`` and the value."""
+    Anything else is a TypeError naming ``what``, the value and the part of it that has no label."""
+    try:
+        return _text(value)
+    except _NoLabel as exc:
+        part = exc.args[0]
+        whole = "" if part is value else f"{_short(value)}, which holds "
+        raise TypeError(f"autotune: a {what} must be a scalar, tuple, dict or dataclass of such values (hashable and "
+                        f"the same text in every process), got {whole}a {type(part).__module__}."
+                        f"{type(part).__qualname__}: {_short(part)}") from None
+
+
+class _NoLabel(TypeError):
+    """(the part of a config or key that has no label)"""
+
+
+def _short(value):
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _text(value):
     kind = type(value)
     if value is None or kind in (bool, int, float, str):
         return repr(value)
     if isinstance(value, enum.Enum):
-        return f"{kind.__qualname__}.{value.name}"
+        return f"{kind.__name__}.{value.name}"
     if isinstance(value, np.bool_):
         return repr(bool(value))
     if isinstance(value, np.integer):
@@ -78,19 +98,16 @@ def label(value, what="config"):
         return f"dtype({str(value)!r})"
     if isinstance(value, tuple):
         if hasattr(value, "_fields"):
-            fields = ", ".join(f"{f}={label(getattr(value, f), what)}" for f in value._fields)
-            return f"{kind.__qualname__}({fields})"
-        items = ", ".join(label(v, what) for v in value)
+            fields = ", ".join(f"{f}={_text(getattr(value, f))}" for f in value._fields)
+            return f"{kind.__name__}({fields})"
+        items = ", ".join(_text(v) for v in value)
         return f"({items}{',' if len(value) == 1 else ''})"
     if kind is dict:
-        return "{" + ", ".join(sorted(f"{label(k, what)}: {label(v, what)}" for k, v in value.items())) + "}"
+        return "{" + ", ".join(sorted(f"{_text(k)}: {_text(v)}" for k, v in value.items())) + "}"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = ", ".join(f"{f.name}={label(getattr(value, f.name), what)}" for f in dataclasses.fields(value))
-        return f"{kind.__qualname__}({fields})"
-    shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise TypeError(f"autotune: a {what} must be a scalar, tuple, dict or dataclass of such values (hashable "
-                    f"and the same text in every process), got a {kind.__module__}.{kind.__qualname__}: {shown}")
+        fields = ", ".join(f"{f.name}={_text(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return f"{kind.__name__}({fields})"
+    raise _NoLabel(value)
 
 
 def bucket(n):
@@ -296,7 +313,7 @@ class Tuner:
                 raise ValueError(f"autotune: device must be (name, (major, minor)), got {device!r}")
         if not isinstance(cache, bool):
             raise TypeError(f"autotune: cache must be True or False, got {cache!r}")
-        self.timer = timer or time_launch
+        self.timer = timer  # (None: the module's time_launch, looked up at each call)
         self.device = device
         self.cache = cache
         self.directory = None if directory is None else pathlib.Path(directory)
@@ -344,7 +361,7 @@ class Tuner:
                     stage = "check"
                     check(config, launch)
                 stage = "time"
-                ms = self.timer(launch, **timing)
+                ms = (self.timer or time_launch)(launch, **timing)
                 if not isinstance(ms, numbers.Real) or not math.isfinite(ms) or ms < 0:
                     raise ValueError(f"the timer returned {ms!r}, not a number of milliseconds >= 0")
                 timings[text] = float(ms)
@@ -390,8 +407,8 @@ class Tuner:
         path = self._path(device, key_text)
         try:
             text = path.read_text()
-        except FileNotFoundError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # (never written)
         except OSError as exc:
             return _ignored(path, f"unreadable ({type(exc).__name__}: {exc})")
         try:
