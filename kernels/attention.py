@@ -38,7 +38,8 @@ from it (:func:`softmax_mode`: "fused", the default scale's, unchanged; "exact" 
 plan's ``scale`` may be reassigned (the kernel follows its mode).
 
 Tile: ``bm = 128`` query rows, ``bn`` keys per block (128 for D <= 128, 64 for D = 256; the ``bn`` option
-takes multiples of 16 up to 128, or 64 for D = 256). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
+takes multiples of 16 up to 192, or 96 for D = 256; beyond 128 (96) the consumers need the 240-register budget
+of ``producer_registers=24`` to hold S, P and O without spilling). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
 the next item's Q loads while this one's epilogue runs) + ``2 stages bn D`` elements (two bytes each).
 """
 from __future__ import annotations
@@ -91,7 +92,7 @@ WG_ROWS = 64
 CHUNK = 64  # head-dim elements per box: one 128-byte swizzle row of bf16/f16
 WARPGROUP = 128
 BUDGET = register_budget(2)  # 168 registers a thread at launch; 40 for the producer, 232 for each consumer
-MAX_REGISTERS = BUDGET.launch
+MAX_REGISTERS = BUDGET.launch  # (the same at launch for every producer budget: register_budget(2, 24).launch)
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
 LAYOUTS = ("bhsd", "bshd")
@@ -125,7 +126,10 @@ class AttentionConfig:
     fastest (the CTAs running at once then share fewer heads' K and V in L2; measured no faster).
 
     ``q_stages``: Q tiles in shared memory (each also the O staging tile of its item). With 2 the producer loads
-    the next item's Q while the consumers still compute (and store) this one's - what short sequences need."""
+    the next item's Q while the consumers still compute (and store) this one's - what short sequences need.
+
+    ``producer_registers``: the producer warpgroup's register budget (24, 32 or 40; the consumers get what it gives
+    back: 240, 232 or 232 registers)."""
 
     bn: int
     stages: int
@@ -134,6 +138,13 @@ class AttentionConfig:
     order: str = "snake"
     sweep: str = "heads"
     q_stages: int = 1
+    producer_registers: int = 40
+
+    @property
+    def budget(self):
+        """The kernel's :func:`numbatma.intrinsics.register_budget`: 40 producer registers give each consumer 232,
+        24 give it 240 (FA3's split) - room for a wider key block."""
+        return register_budget(2, producer=self.producer_registers)
 
     @property
     def tile(self):
@@ -170,7 +181,12 @@ def softmax_mode(scale):
     return "exact", scale < 0, np.float32(scale)
 
 
-def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None):
+MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
+PRODUCER_REGISTERS = (24, 32, 40)
+
+
+def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None,
+                   producer_registers=None):
     """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
     (O alone takes 128 registers); two Q stages for D = 64, one for D >= 128 (measured on an H100 at S = 1024: two
     Q stages +10% at D = 64, where 4 K/V stages still fit, but -12% at D = 128, where they leave room for 2 K/V
@@ -185,7 +201,7 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
         choice_option("Attention", name, value, choices)
     if bn is None:
         bn = 128 if d <= 128 else 64
-    most = 128 if d <= 128 else 64  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
+    most = MAX_BN[d]  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
     bn = int_option("Attention", "bn", bn, 16, most)
     if bn % 16:
         raise TensorMapError(f"Attention: bn (keys per block) must be a multiple of 16 in 16..{most} for head dim "
@@ -204,7 +220,14 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
                              f"{q_bytes + stages * stage_bytes} bytes of shared memory (with {q_stages} Q stage"
                              f"{'s' if q_stages > 1 else ''}); at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
-    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep, q_stages)
+    if producer_registers is None:
+        producer_registers = 40
+    producer_registers = int_option("Attention", "producer_registers", producer_registers, 24, 40)
+    if producer_registers not in PRODUCER_REGISTERS:
+        raise TensorMapError(f"Attention: producer_registers must be one of {PRODUCER_REGISTERS} (setmaxnreg takes "
+                             f"multiples of 8; the consumers get the rest), got {producer_registers}")
+    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep, q_stages,
+                           producer_registers)
 
 
 # -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
@@ -311,7 +334,7 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 @kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
-                      softmax_mode="fused", negative=False):
+                      producer_registers=40, softmax_mode="fused", negative=False):
     """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
     and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
     ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
@@ -519,8 +542,9 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         if tw == 0:
             bulk_wait_group(0)
 
-    roles = warp_specialize(BUDGET, producer, consumer)
-    jit = cuda.jit(**({} if SIMULATING else {"max_registers": BUDGET.launch}))
+    budget = register_budget(2, producer=producer_registers)
+    roles = warp_specialize(budget, producer, consumer)
+    jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
     def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
@@ -548,7 +572,8 @@ class Attention(Plan):
     """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
-    "queries"), ``q_stages`` (1 or 2) - :class:`AttentionConfig` says what they do - ``grid`` (CTAs; default one
+    "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40) - :class:`AttentionConfig` says what
+    they do - ``grid`` (CTAs; default one
     per SM). ``lse``: a
     (B, Hq, Sq) float32 array, or None (the plan allocates one: a torch tensor when q is one). ``launch(stream)``
     returns ``(o, lse)``."""
@@ -557,7 +582,7 @@ class Attention(Plan):
     settable = {"scale": None}
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep="heads", q_stages=None, grid=None):
+                 schedule=None, order="snake", sweep="heads", q_stages=None, producer_registers=None, grid=None):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -612,7 +637,7 @@ class Attention(Plan):
         if bq * hq * sq == 0:
             return
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
-                                     q_stages=q_stages)
+                                     q_stages=q_stages, producer_registers=producer_registers)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
@@ -634,7 +659,7 @@ class Attention(Plan):
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
-                               cfg.order, cfg.sweep, cfg.q_stages)
+                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers)
         self._use_kernel()
 
     def _use_kernel(self):

@@ -188,10 +188,14 @@ def test_scale_beyond_float32_is_refused(bad):
 
 
 @pytest.mark.parametrize("change, message", [  # every numeric option: its type and its range, the user's value
-    (dict(bn=64.0), "bn must be an int(?:eger)? in 16..128, got 64.0 \\(a float\\)"),
-    (dict(bn="128"), "bn must be an int(?:eger)? in 16..128, got '128' \\(a str\\)"),
-    (dict(bn=True), "bn must be an int(?:eger)? in 16..128, got True \\(a bool\\)"),
+    (dict(bn=64.0), "bn must be an int(?:eger)? in 16..192, got 64.0 \\(a float\\)"),
+    (dict(bn="128"), "bn must be an int(?:eger)? in 16..192, got '128' \\(a str\\)"),
+    (dict(bn=True), "bn must be an int(?:eger)? in 16..192, got True \\(a bool\\)"),
     (dict(bn=40), "bn .* must be a multiple of 16 .* got 40"),
+    (dict(bn=208), "bn must be an int(?:eger)? in 16..192, got 208"),
+    (dict(producer_registers=28), "producer_registers must be one of \\(24, 32, 40\\) .*got 28"),
+    (dict(producer_registers=48), "producer_registers must be an int(?:eger)? in 24..40, got 48"),
+    (dict(producer_registers=32.0), "producer_registers must be an int(?:eger)? in 24..40, got 32.0 \\(a float\\)"),
     (dict(stages=0), "stages must be an int(?:eger)? in 1..64, got 0"),
     (dict(stages=2.5), "stages must be an int(?:eger)? in 1..64, got 2.5 \\(a float\\)"),
     (dict(q_stages=3), "q_stages must be an int(?:eger)? in 1..2, got 3"),
@@ -208,6 +212,25 @@ def test_scale_beyond_float32_is_refused(bad):
 def test_bad_options(change, message):
     with pytest.raises(TensorMapError, match="Attention: " + message):
         Attention(*arrays(d=128), **change)
+
+
+def test_head_dim_256_takes_at_most_96_keys_per_block():
+    with pytest.raises(TensorMapError, match="Attention: bn must be an int(?:eger)? in 16..96, got 112"):
+        Attention(*arrays(d=256), bn=112)
+
+
+def test_wide_d128_key_block_keeps_its_registers():
+    """FA3's D = 128 full-attention tile (bn = 176, two K/V stages in shared memory): S (88), P (44) and O (64
+    registers) fit the 232-register consumers - no local memory, the overlap schedule's HGMMA sequence, the
+    producer's own budget (setmaxnreg 40 / 232)."""
+    plan = Attention(*arrays(d=128), bn=176, schedule="overlap")
+    assert (plan.config.bn, plan.config.stages, plan.config.budget.consumer) == (176, 2, 232)
+    sass = _plan_sass(plan)
+    assert "STL" not in sass and "LDL" not in sass, "local memory in the bn = 176 kernel"
+    ops = _ops(sass)
+    qk, pv = "HGMMA.64x176x16.F32", "HGMMA.64x128x16.F32"
+    assert ops == ([qk] * 8 + ["WARPGROUP.DEPBAR.LE 0x0"] + [qk] * 8 + [pv] * 11
+                   + ["WARPGROUP.DEPBAR.LE 0x1", "WARPGROUP.DEPBAR.LE 0x0"] + [pv] * 11 + ["WARPGROUP.DEPBAR.LE 0x0"]), ops
 
 
 def test_numpy_integer_options_are_taken():

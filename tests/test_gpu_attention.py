@@ -32,7 +32,7 @@ def reference(q, k, v, causal, scale):
     return o, torch.logsumexp(s, -1)
 
 
-def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view=False, stream=None):
+def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view=False, stream=None, **options):
     def make(h, s):
         x = torch.randn((b, s, h, d), device="cuda", dtype=torch.float32).to(TORCH[dtype])
         if layout == "bshd":
@@ -45,7 +45,7 @@ def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view
     v, v_ref = make(hk, sk)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-    plan = Attention(q, k, v, o, lse, causal=causal, layout=layout)
+    plan = Attention(q, k, v, o, lse, causal=causal, layout=layout, **options)
     plan.launch(0 if stream is None else cuda.external_stream(stream.cuda_stream))
     torch.cuda.synchronize()
     ref, ref_lse = reference(q_ref, k_ref, v_ref, causal, plan.scale)
@@ -63,6 +63,23 @@ def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view
 @pytest.mark.parametrize("seq", [1, 17, 1000, 4097])
 def test_head_dims_and_lengths(d, causal, seq):
     run_case(1, 2, 2, seq, seq, d, causal)
+
+
+# The tile configurations beyond the defaults (FA3's tile shapes: wider key blocks, the 240-register consumers):
+# every one against the float32 reference, ragged in both lengths.
+TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule="pingpong"),
+         dict(d=128, bn=176, producer_registers=32), dict(d=64, bn=192), dict(d=64, bn=160),
+         dict(d=256, bn=64, schedule="overlap", producer_registers=24), dict(d=256, bn=80, schedule="serial"),
+         dict(d=256, bn=96, schedule="serial", producer_registers=24)]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("sq, sk", [(1000, 1000), (300, 2049), (4097, 177)])
+def test_tile_configurations(tile, causal, sq, sk):
+    options = dict(tile)
+    d = options.pop("d")
+    run_case(1, 4, 2, sq, sk, d, causal, **options)
 
 
 @pytest.mark.parametrize("sq, sk", [(1, 4097), (17, 1000), (1000, 17), (300, 2049), (4097, 128)])

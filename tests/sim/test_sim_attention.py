@@ -43,6 +43,12 @@ def test_every_item_is_computed_once_in_any_order(case):
     check(*case[:7], "bhsd", 64, None, order=case[7], sweep=case[8])
 
 
+def test_a_wide_key_block():
+    """FA3's D = 128 tile width: ``bn = 176`` (not a power of two: 11 k-steps of P V), a ragged second key block
+    (200 = 176 + 24) under the causal mask, the 240-register consumer budget's sibling (``producer_registers=32``)."""
+    check(1, 1, 1, 40, 200, 64, True, "bhsd", 176, "overlap", producer_registers=32)
+
+
 def test_one_q_stage():
     """``q_stages=1``: each item's Q loads only after the previous item's epilogue released the stage."""
     check(1, 3, 1, 100, 90, 64, False, "bhsd", 64, None, q_stages=1)
