@@ -37,9 +37,9 @@ Scale: any finite value up to float32's largest - 0, negative, tiny, huge; the h
 from it (:func:`softmax_mode`: "fused", the default scale's, unchanged; "exact" for |scale| > 1; "zero"), and a
 plan's ``scale`` may be reassigned (the kernel follows its mode).
 
-Tile: ``bm = 128`` query rows, ``bn`` keys per block (128 for D <= 128, 64 for D = 256; the ``bn`` option
-takes multiples of 16 up to 192, or 96 for D = 256; beyond 128 (96) the consumers need the 240-register budget
-of ``producer_registers=24`` to hold S, P and O without spilling). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
+Tile: ``bm = 128`` query rows, ``bn`` keys per block (:func:`default_config`: 192 for full D = 64, 128 for
+D = 128 and causal D = 64, 64 for D = 256; the ``bn`` option takes multiples of 16 up to 192, or 96 for
+D = 256 - the wider ones may spill registers: tests/test_attention_cpu.py pins the defaults to none). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
 the next item's Q loads while this one's epilogue runs) + ``2 stages bn D`` elements (two bytes each).
 """
 from __future__ import annotations
@@ -186,21 +186,29 @@ PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None,
-                   producer_registers=None):
-    """``bn = 128`` keys per block for D <= 128 (S and P take 64 registers per thread, O D / 2), 64 for D = 256
-    (O alone takes 128 registers); two Q stages for D = 64, one for D >= 128 (measured on an H100 at S = 1024: two
-    Q stages +10% at D = 64, where 4 K/V stages still fit, but -12% at D = 128, where they leave room for 2 K/V
-    stages instead of 3); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the
-    "overlap" schedule for D <= 128 and "serial" for D = 256; the snake order over items numbered (batch, head)
-    first. Measured on an H100 (benchmarks/RESULTS.md, ``--only variants``, runs interleaved): overlap 1-3% ahead of
-    pingpong at D = 64 and 128; snake 10% ahead of cyclic for causal; the query-first sweep equal for full
-    attention and 30% behind for causal (its longest items all come first, to the same CTAs)."""
-    if schedule is None:  # (D = 256 overlapped would hold S, P and O at once: 200+ registers, spills)
-        schedule = "overlap" if d <= 128 else "serial"
+                   producer_registers=None, causal=False, exact=False):
+    """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 64 for D = 256 (S takes
+    bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64, one for D >= 128 (measured on an H100
+    at S = 1024: two Q stages +10% at D = 64, where 4 K/V stages still fit, but -12% at D = 128, where they leave
+    room for 2 K/V stages instead of 3); as many K/V stages as shared memory then holds, at most 4 (2 for
+    D = 256); the "overlap" schedule (but see ``causal``); the producer's register budget 24 for D = 256 overlapped
+    (its consumers get 240: S, P and O fit without spilling), 40 otherwise; the snake order over items numbered (batch, head)
+    first. ``causal``: the plan's mask (the tile may depend on it); ``exact``: the scale's softmax mode is "exact"
+    (:func:`softmax_mode`: |scale| > 1). At D = 256 the causal and the "exact" kernels spill a few registers when
+    overlapped (the diagonal block's mask; the raw extrema), so they stay "serial" with the 40-register producer.
+
+    Measured on an H100 (benchmarks/RESULTS.md, ``--only variants`` and ``--only tiles``, runs interleaved with
+    cuDNN's): overlap 1-3% ahead of pingpong at D = 64 and 128; at D = 256 overlap with 240-register consumers
+    12% ahead of serial (full and causal, S = 8192; causal not taken: it spills); bn = 192 at full D = 64 +3% (causal +2.5%, but its SASS
+    spills: not taken), wider blocks at D = 128 (FA3's 176) 4-7% behind 128; snake 10% ahead of cyclic for causal;
+    the query-first sweep equal for full attention and 30% behind for causal (its longest items all come first,
+    to the same CTAs)."""
+    if schedule is None:  # (D = 256 overlapped holds S, P and O at once: only the 240-register consumers fit them)
+        schedule = "serial" if d == 256 and (exact or causal) else "overlap"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
         choice_option("Attention", name, value, choices)
-    if bn is None:
-        bn = 128 if d <= 128 else 64
+    if bn is None:  # (D = 64 causal: 192 spills in the mask code, and gains only 2.5%)
+        bn = 192 if d == 64 and not causal else (128 if d <= 128 else 64)
     most = MAX_BN[d]  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
     bn = int_option("Attention", "bn", bn, 16, most)
     if bn % 16:
@@ -221,7 +229,7 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
                              f"{'s' if q_stages > 1 else ''}); at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
     if producer_registers is None:
-        producer_registers = 40
+        producer_registers = 24 if d == 256 and schedule != "serial" else 40
     producer_registers = int_option("Attention", "producer_registers", producer_registers, 24, 40)
     if producer_registers not in PRODUCER_REGISTERS:
         raise TensorMapError(f"Attention: producer_registers must be one of {PRODUCER_REGISTERS} (setmaxnreg takes "
@@ -637,7 +645,8 @@ class Attention(Plan):
         if bq * hq * sq == 0:
             return
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
-                                     q_stages=q_stages, producer_registers=producer_registers)
+                                     q_stages=q_stages, producer_registers=producer_registers, causal=self.causal,
+                                     exact=self._softmax[0] == "exact")
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 

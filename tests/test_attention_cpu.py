@@ -36,8 +36,13 @@ def arrays(b=2, hq=4, hk=4, sq=1000, sk=1000, d=128, layout="bhsd", dtype=np.flo
 
 
 def test_tile_choice():
-    assert default_config(64) .bn == 128 and default_config(128).bn == 128 and default_config(256).bn == 64
-    assert default_config(128).schedule == "overlap" and default_config(256).schedule == "serial"
+    assert default_config(64).bn == 192 and default_config(64, causal=True).bn == 128  # (measured: --only tiles)
+    assert default_config(128).bn == 128 and default_config(128, causal=True).bn == 128 and default_config(256).bn == 64
+    assert default_config(128).schedule == "overlap" and default_config(256).schedule == "overlap"
+    assert default_config(256, causal=True).schedule == "serial" and default_config(256, exact=True).schedule == "serial"
+    assert [default_config(d).producer_registers for d in (64, 128, 256)] == [40, 40, 24]
+    assert default_config(256, causal=True).producer_registers == 40
+    assert default_config(256).budget.consumer == 240 and default_config(128).budget.consumer == 232
     assert default_config(128).sweep == "heads"
     assert default_config(64).order == "snake"
     assert default_config(64).q_stages == 2 and default_config(64).stages == 4
@@ -73,7 +78,7 @@ def test_bad_arguments():
         Attention(q, k, v, FakeCudaArray((2, 4, 999, 128), np.float16, ptr=1 << 36), lse)
     with pytest.raises(TensorMapError, match=r"lse is a float32 array with shape \(2, 4, 999\)"):
         Attention(q, k, v, o, FakeCudaArray((2, 4, 999), np.float32, ptr=1 << 40))
-    with pytest.raises(TensorMapError, match="bn must be an int(?:eger)? in 16..64, got 128"):
+    with pytest.raises(TensorMapError, match="bn must be an int(?:eger)? in 16..96, got 128"):
         Attention(*arrays(d=256), bn=128)
     with pytest.raises(TensorMapError, match="stages=9"):
         Attention(q, k, v, o, lse, stages=9)
@@ -233,6 +238,17 @@ def test_wide_d128_key_block_keeps_its_registers():
                    + ["WARPGROUP.DEPBAR.LE 0x1", "WARPGROUP.DEPBAR.LE 0x0"] + [pv] * 11 + ["WARPGROUP.DEPBAR.LE 0x0"]), ops
 
 
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scale", [None, 0.0, -0.1, 3.0], ids=["default", "zero", "negative", "exact"])
+def test_default_tiles_never_spill(d, causal, scale):
+    """The defaults chosen by measurement (bn = 192 at full D = 64; D = 256 overlapped with 240-register consumers,
+    serial where that spills) keep every softmax mode's kernel out of local memory."""
+    plan = Attention(*arrays(d=d, hk=2), causal=causal, scale=scale)
+    sass = _plan_sass(plan)
+    assert "STL" not in sass and "LDL" not in sass, f"local memory in {plan.config}, mode {plan._kernel_mode}"
+
+
 def test_numpy_integer_options_are_taken():
     plan = Attention(*arrays(d=128), bn=np.int64(64), stages=np.int32(2), q_stages=np.uint8(1), grid=np.int64(7))
     assert (plan.config.bn, plan.config.stages, plan.config.q_stages, plan.grid) == (64, 2, 1, 7)
@@ -302,8 +318,8 @@ def test_every_scale_mode_compiles(d, scale, causal, schedule):
     assert mode == softmax_mode(scale)[0]
     assert "STL" not in sass and "LDL" not in sass, f"local memory in the {mode} kernel"
     assert sass.count("USETMAXREG") == 2 and "UTMALDG" in sass and "UTMASTG" in sass
-    default_ops = _ops(_sass(d, causal, "bhsd", schedule or default_config(d).schedule)[1])
-    sites = 1 if (schedule or default_config(d).schedule) == "serial" else 2  # the softmax inlined once or twice
+    default_ops = _ops(_sass(d, causal, "bhsd", plan.config.schedule)[1])
+    sites = 1 if plan.config.schedule == "serial" else 2  # the softmax inlined once or twice
     if mode == "zero":  # S is never read (every logit is 0): the compiler drops Q Kᵀ (its D / 16 k-steps at each
         f32 = [op for op in _ops(sass) if op.endswith(".F32")]  # site), P V stays as it was
         assert len(f32) == sum(op.endswith(".F32") for op in default_ops) - sites * (d // 16)
