@@ -52,6 +52,7 @@ import numpy as np
 from numba import cuda
 
 from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
+from numbatma.autotune import bucket, tune
 from numbatma.views import ArrayLayout, layout_view
 from numbatma.intrinsics import (
     Pipeline,
@@ -181,6 +182,15 @@ def softmax_mode(scale):
     return "exact", scale < 0, np.float32(scale)
 
 
+# autotune=True: the configurations tried besides the default (options of Attention), per head dim; duplicates of
+# the default for a mask are dropped (benchmarks/attention.py --only tiles measured each at S = 8192)
+TUNE_SPACE = {
+    64: (dict(bn=128), dict(bn=192, schedule="pingpong"), dict(bn=64)),
+    128: (dict(schedule="pingpong"), dict(bn=176), dict(bn=64, q_stages=2)),
+    256: (dict(schedule="overlap", producer_registers=24), dict(schedule="serial", producer_registers=40),
+          dict(bn=96, schedule="serial", producer_registers=24)),
+}
+TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers")
 MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
 PRODUCER_REGISTERS = (24, 32, 40)
 
@@ -581,7 +591,9 @@ class Attention(Plan):
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
     "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40) - :class:`AttentionConfig` says what
-    they do - ``grid`` (CTAs; default one
+    they do - ``autotune`` (True: the tile options are chosen by timing the default and :data:`TUNE_SPACE`'s
+    configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning`` says what was
+    measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
     per SM). ``lse``: a
     (B, Hq, Sq) float32 array, or None (the plan allocates one: a torch tensor when q is one). ``launch(stream)``
     returns ``(o, lse)``."""
@@ -590,7 +602,8 @@ class Attention(Plan):
     settable = {"scale": None}
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep="heads", q_stages=None, producer_registers=None, grid=None):
+                 schedule=None, order="snake", sweep="heads", q_stages=None, producer_registers=None, grid=None,
+                 autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -642,8 +655,20 @@ class Attention(Plan):
                                      f"(batch, heads, query rows).")
         self.lse = lse
         self._owns_lse = lse is not given_lse  # (allocated here: a cache hit of attention() makes a new one)
+        self.tuning = None
         if bq * hq * sq == 0:
             return
+        if bool_option(op, "autotune", autotune):
+            given = {name: value for name, value in (("bn", bn), ("stages", stages), ("schedule", schedule),
+                                                     ("q_stages", q_stages), ("producer_registers", producer_registers))
+                     if value is not None}
+            if given:
+                raise TensorMapError(f"{op}: autotune=True chooses {', '.join(TILE_OPTIONS)}; got "
+                                     f"{', '.join(f'{k}={v!r}' for k, v in given.items())} as well - pass one or the "
+                                     f"other")
+            self.tuning = _tuned(q, k, v, o, given_lse, self, d, dict(causal=self.causal, scale=self._scale,
+                                 layout=layout, order=order, sweep=sweep, grid=grid))
+            bn, stages, schedule, q_stages, producer_registers = (self.tuning.best.get(name) for name in TILE_OPTIONS)
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
                                      q_stages=q_stages, producer_registers=producer_registers, causal=self.causal,
                                      exact=self._softmax[0] == "exact")
@@ -714,6 +739,29 @@ class Attention(Plan):
         b, hq, hk, sq, sk, d = self.shape
         return (f"Attention(batch {b}, heads {hq}/{hk}, seq {sq}x{sk}, head dim {d}, {self.dtype.name}, "
                 f"{self.layout}, causal={self.causal}, {getattr(self, 'config', None)})")
+
+
+def _tuned(q, k, v, o, lse, plan, d, options):
+    """``Attention(..., autotune=True)``: the fastest of the default and :data:`TUNE_SPACE`'s configurations for this
+    shape class on this device (:func:`numbatma.autotune.tune`: timed once, then cached in memory and on disk;
+    the default untimed under the simulator or with ``NUMBATMA_AUTOTUNE=0``), as a :class:`numbatma.autotune.Tuning`
+    whose ``best`` is a dict of tile options."""
+    b, hq, hk, sq, sk, _ = plan.shape
+    mode = plan._softmax[0]
+    resolve = functools.partial(default_config, d, causal=options["causal"], exact=mode == "exact")
+    configs, seen = [], set()
+    for candidate in ({},) + TUNE_SPACE[d]:
+        resolved = resolve(**candidate)
+        if resolved not in seen:
+            seen.add(resolved)
+            configs.append(dict(candidate))
+    key = ("attention", plan.dtype.name, d, "causal" if options["causal"] else "full", mode, bucket(max(sq, 1)),
+           bucket(max(sk, 1)), bucket(b * hq), "gqa" if hq != hk else "mha")
+
+    def build(config):
+        return Attention(q, k, v, o, lse, **options, **config).launch
+
+    return tune(key, configs, build)
 
 
 def attention(q, k, v, o, lse=None, **options):

@@ -329,3 +329,52 @@ def test_every_scale_mode_compiles(d, scale, causal, schedule):
     assert mix["MUFU.EX2"] == (plan.config.bn // 2 + 2) * sites  # P (bn / 2 per thread) and the two factors f
     if mode == "exact":  # (s - M) · scale · log2 e
         assert mix["FMUL"] >= 2 * mix["MUFU.EX2"]
+
+
+# -- autotune=True: the tile options chosen by numbatma.autotune ------------------------------------------------------
+def _fake_tuner(monkeypatch, tmp_path, speed):
+    """numbatma.autotune's process tuner replaced by one with a fake timer (``speed(config) -> ms`` of the plan
+    being timed) and a fake device; returns the list of configs timed."""
+    from numbatma import autotune
+
+    timed = []
+
+    def timer(launch, **timing):
+        config = launch.__self__.config
+        timed.append(config)
+        return speed(config)
+
+    monkeypatch.setattr(autotune, "_PROCESS", autotune.Tuner(timer=timer, device=("Fake H100", (9, 0)),
+                                                             directory=tmp_path))
+    monkeypatch.delenv("NUMBATMA_AUTOTUNE", raising=False)
+    return timed
+
+
+def test_autotune_takes_the_fastest_tile_and_caches_it(monkeypatch, tmp_path):
+    timed = _fake_tuner(monkeypatch, tmp_path, lambda c: 1.0 if c.bn == 176 else 2.0)
+    plan = Attention(*arrays(d=128), autotune=True)
+    assert plan.config.bn == 176 and plan.tuning.source == "timed" and plan.tuning.best == dict(bn=176)
+    assert len(timed) == 4  # the default and TUNE_SPACE[128], each once
+    assert {c.schedule for c in timed} == {"overlap", "pingpong"}
+    again = Attention(*arrays(d=128), autotune=True)  # the same shape class: from the tuner's memory, nothing timed
+    assert again.config.bn == 176 and again.tuning.source != "timed" and len(timed) == 4
+    causal = Attention(*arrays(d=128), causal=True, autotune=True)  # another shape class: timed again
+    assert causal.tuning.source == "timed" and len(timed) == 8
+
+
+def test_autotune_drops_candidates_equal_to_the_default(monkeypatch, tmp_path):
+    timed = _fake_tuner(monkeypatch, tmp_path, lambda c: 3.0 if c.schedule == "serial" else 1.0)
+    plan = Attention(*arrays(d=256), causal=True, autotune=True)  # (causal D = 256: the default is serial, 40)
+    assert len(timed) == 3 and len(set(timed)) == 3
+    assert plan.config.schedule == "overlap" and plan.config.producer_registers == 24
+
+
+def test_autotune_off_or_refused(monkeypatch, tmp_path):
+    timed = _fake_tuner(monkeypatch, tmp_path, lambda c: 1.0)
+    monkeypatch.setenv("NUMBATMA_AUTOTUNE", "0")
+    plan = Attention(*arrays(d=64), autotune=True)
+    assert plan.tuning.source == "disabled" and plan.config == default_config(64) and not timed
+    with pytest.raises(TensorMapError, match=r"Attention: autotune=True chooses bn, .*got bn=64 as well"):
+        Attention(*arrays(d=64), autotune=True, bn=64)
+    with pytest.raises(TensorMapError, match="Attention: autotune must be True or False, got 'yes'"):
+        Attention(*arrays(d=64), autotune="yes")

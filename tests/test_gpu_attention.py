@@ -82,6 +82,16 @@ def test_tile_configurations(tile, causal, sq, sk):
     run_case(1, 4, 2, sq, sk, d, causal, **options)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_autotuned_plan(d, tmp_path, monkeypatch):
+    """``autotune=True`` times the default and TUNE_SPACE's configurations on this GPU, caches the winner on disk,
+    and the plan it builds is as exact as any."""
+    monkeypatch.setenv("NUMBATMA_AUTOTUNE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBATMA_AUTOTUNE", raising=False)
+    run_case(1, 4, 2, 1000, 1000, d, True, autotune=True)
+    assert list(tmp_path.rglob("*.json")), "no winner cached"
+
+
 @pytest.mark.parametrize("sq, sk", [(1, 4097), (17, 1000), (1000, 17), (300, 2049), (4097, 128)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_different_query_and_key_lengths(sq, sk, causal):
