@@ -3,7 +3,8 @@
 #   bash scripts/gpu_suite.sh            # all tests, examples, benchmarks
 #   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, launch, gemm, attention, probes, sweep,
 #                                                        # pdl, compile, peer (2 GPUs), hostprobe, ctxprobe (2 GPUs),
-#                                                        # sanitize: compute-sanitizer, runs beside the others)
+#                                                        # sanitize: compute-sanitizer, runs beside the others;
+#                                                        # attnprofile: ncu over scripts/profile_attention.py)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
 # Needs the wheels from scripts/fetch_wheels.sh in .whl/ (numpy < 2.5 for numba-cuda 0.30.4; pytest-timeout; compute-sanitizer).
@@ -95,6 +96,11 @@ if [[ $parts == *" examples "* ]]; then
 fi
 if [[ $parts == *" sweep "* ]]; then  # option sweeps used to pick the kernels' defaults (not in the default parts)
   timeout 500 python3 "$repo/benchmarks/sweep_options.py" ${SWEEP_ARGS:-} 2>&1 | grep -v Warn | tee "$out/sweep.log"
+fi
+if [[ $parts == *" attnprofile "* ]]; then  # where attention's time goes: numbatma vs cuDNN under ncu (one launch each)
+  timeout ${ATTN_PROFILE_TIMEOUT:-240} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section Occupancy \
+    python3 "$repo/scripts/profile_attention.py" ${ATTN_PROFILE_ARGS:-} 2>&1 | tee "$out/attention_profile.log"
 fi
 if [[ $parts == *" profile "* ]]; then  # hardware counters of the bandwidth kernels (ncu, not in the default parts)
   m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum

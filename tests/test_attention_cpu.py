@@ -238,12 +238,12 @@ def test_wide_d128_key_block_keeps_its_registers():
                    + ["WARPGROUP.DEPBAR.LE 0x1", "WARPGROUP.DEPBAR.LE 0x0"] + [pv] * 11 + ["WARPGROUP.DEPBAR.LE 0x0"]), ops
 
 
-@pytest.mark.parametrize("d", [64, 256])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("scale", [None, 0.0, -0.1, 3.0], ids=["default", "zero", "negative", "exact"])
+@pytest.mark.parametrize("d, causal, scale", [(64, False, None), (64, False, 3.0), (256, False, None),
+                                              (256, False, 3.0), (256, True, -0.1)])
 def test_default_tiles_never_spill(d, causal, scale):
     """The defaults chosen by measurement (bn = 192 at full D = 64; D = 256 overlapped with 240-register consumers,
-    serial where that spills) keep every softmax mode's kernel out of local memory."""
+    serial where that spills: causal, "exact") keep their kernels out of local memory: the largest tiles, with the
+    default, the "exact" and the negative softmax (the zero mode only drops work)."""
     plan = Attention(*arrays(d=d, hk=2), causal=causal, scale=scale)
     sass = _plan_sass(plan)
     assert "STL" not in sass and "LDL" not in sass, f"local memory in {plan.config}, mode {plan._kernel_mode}"
