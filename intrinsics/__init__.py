@@ -15,6 +15,7 @@ from . import (
     cluster,
     cluster_copy,
     descriptor,
+    fast_math,
     fence,
     griddep,
     im2col,
@@ -38,7 +39,7 @@ from ._define import sim as _sim_engine
 #: The PTX families, one module each: their ``__all__`` is this package's API, their ``PTX`` tables ``all_ptx()``.
 FAMILIES = (mbarrier, tma, fence, async_copy, warp, pipeline, smem, cache, bulk, cluster, cluster_copy, descriptor,
             im2col, swizzle, mma, wgmma_operands, _wgmma_family, wgmma_epilogue, accumulator, griddep,
-            warp_roles)
+            warp_roles, fast_math)
 
 __all__ = []
 for _module in FAMILIES:

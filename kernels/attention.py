@@ -58,6 +58,7 @@ from numbatma.intrinsics import (
     Pipeline,
     bulk_wait_group,
     elect_one_sync,
+    fast_exp2,
     persistent_item,
     pingpong,
     register_budget,
@@ -298,15 +299,16 @@ def _mask_uniform(s, half, col, limits):
 
 @cuda.jit(device=True, inline="always")
 def _exp2_shifted(s, half, col, st):
-    """``exp2(s · scale·log2 e - m_row)`` (``st = (scale_log2, m0, m1)``)."""
-    return math.exp2(s * st[0] - (st[1] if half == 0 else st[2]))
+    """``exp2(s · scale·log2 e - m_row)`` (``st = (scale_log2, m0, m1)``): one FFMA and one ``MUFU.EX2``
+    (:func:`numbatma.intrinsics.fast_exp2`: a weight below 2^-126 flushes to 0, next to a row sum >= 1)."""
+    return fast_exp2(s * st[0] - (st[1] if half == 0 else st[2]))
 
 
 @cuda.jit(device=True, inline="always")
 def _exp2_exact(s, half, col, st):
     """``exp2((s - M_row) · scale · log2 e)`` with ``M_row`` the row's raw extremum (``st = (scale, M0, M1)``):
     ``s - M`` has the sign opposite to the scale's, so the exponent is <= 0 or -inf, never inf - inf."""
-    return math.exp2((s - (st[1] if half == 0 else st[2])) * st[0] * LOG2E_F32)
+    return fast_exp2((s - (st[1] if half == 0 else st[2])) * st[0] * LOG2E_F32)
 
 
 @cuda.jit(device=True, inline="always")
