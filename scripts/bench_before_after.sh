@@ -31,3 +31,4 @@ for ((r = 1; r <= ${ROUNDS:-1}; r++)); do
     done
   done
 done
+(cd "$out" && tar czf before_after_logs.tgz [0-9]*-*-*.txt gpu.txt 2>/dev/null)
