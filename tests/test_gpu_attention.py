@@ -82,6 +82,15 @@ def test_tile_configurations(tile, causal, sq, sk):
     run_case(1, 4, 2, sq, sk, d, causal, **options)
 
 
+@pytest.mark.parametrize("order", ["snake", "cyclic"])
+@pytest.mark.parametrize("sweep", ["heads", "queries"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_item_orders(order, sweep, causal):
+    """Every persistent order and item numbering computes each item once: a grid of 3 CTAs over 3 x 3 heads x 5
+    query blocks (45 items, 15 rounds, the last one partial), two Q stages wrapping around."""
+    run_case(3, 3, 1, 600, 500, 64, causal, order=order, sweep=sweep, grid=3, q_stages=2)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_autotuned_plan(d, tmp_path, monkeypatch):
     """``autotune=True`` times the default and TUNE_SPACE's configurations on this GPU, caches the winner on disk,

@@ -12,7 +12,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 SIM_FILES = sorted(p.name for p in (HERE / "sim").glob("test_*.py"))
 # Seconds each file took on its own (2 cores, a busy machine, 2026-11-27): only to start the long ones first.
-SECONDS = {"test_sim_attention.py": 206, "test_sim_planted_bugs.py": 48, "test_sim_wgmma_hazards.py": 38,
+SECONDS = {"test_sim_attention.py": 150, "test_sim_planted_bugs.py": 48, "test_sim_wgmma_hazards.py": 38,
            "test_sim_gemm.py": 37, "test_sim_wgmma.py": 30, "test_sim_plan_cache.py": 26, "test_sim_swizzle.py": 22,
            "test_sim_parity.py": 16, "test_sim_mma.py": 15, "test_sim_kernels.py": 13, "test_sim_exact_store.py": 13,
            "test_sim_bulk.py": 13, "test_sim_im2col.py": 12}
