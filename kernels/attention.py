@@ -206,7 +206,8 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     (its consumers get 240: S, P and O fit without spilling), 40 otherwise; the snake order over items numbered (batch, head)
     first. ``causal``: the plan's mask (the tile may depend on it); ``exact``: the scale's softmax mode is "exact"
     (:func:`softmax_mode`: |scale| > 1). At D = 256 the causal and the "exact" kernels spill a few registers when
-    overlapped (the diagonal block's mask; the raw extrema), so they stay "serial" with the 40-register producer.
+    overlapped (causal: work counts hoisted above the role split, docs/attention.md), so they stay "serial" with
+    the 40-register producer.
 
     Measured on an H100 (benchmarks/RESULTS.md, ``--only variants`` and ``--only tiles``, runs interleaved with
     cuDNN's): overlap 1-3% ahead of pingpong at D = 64 and 128; at D = 256 overlap with 240-register consumers
