@@ -34,6 +34,12 @@ sys.path.insert(0, HERE)
 from gemm import Timer, _git_commit, log, rel_error  # noqa: E402  (one timing method for every benchmark)
 
 SECTIONS = ("check", "seq", "variants")
+# FlashAttention-4 (CuTe DSL, SM90 path) over cuDNN, measured on an H100 80GB HBM3 in the same process as cuDNN
+# (../shared/FACTS.md; flash-attn-4 4.0.0b36): (d, seq, causal) -> FA4 / cuDNN. Not run here: the plot and the
+# summary show "FA4 ref" = this ratio x this run's cuDNN, a reference line, not a measurement of this run.
+FA4_OVER_CUDNN = {(128, 8192, False): 1.084, (128, 8192, True): 1.195, (128, 16384, False): 1.100,
+                  (128, 16384, True): 1.130, (64, 8192, False): 1.067, (256, 8192, False): 1.090,
+                  (256, 8192, True): 1.211, (128, 1024, False): 0.963, (64, 2048, False): 1.01}
 # tiles: (d, causal, seq, batch) -> the options tried beside the default
 TILE_CASES = [(128, False, 8192, 1), (128, True, 8192, 1), (128, False, 1024, 4), (256, False, 8192, 1),
               (256, True, 8192, 1), (64, False, 8192, 1), (64, True, 8192, 1)]
@@ -227,7 +233,9 @@ def main():
     for r in results:
         o = r.get("numbatma", {})
         if r["tag"] == "seq" and "tflops" in o:
+            fa4 = FA4_OVER_CUDNN.get((r["d"], r["seq"], r["causal"]))
             summary[r["case"]] = {"numbatma": round(o["tflops"], 1),
+                                  "vs_fa4_ref": round(o.get("vs_cudnn", float("nan")) / fa4, 3) if fa4 else None,
                                   "cudnn": round(r.get("cudnn", {}).get("tflops", float("nan")), 1),
                                   "flash": round(r.get("flash", {}).get("tflops", float("nan")), 1),
                                   "vs_cudnn": round(o.get("vs_cudnn", float("nan")), 3),
@@ -252,9 +260,14 @@ def main():
 
 def markdown(payload):
     lines = [f"GPU: {payload['gpu']}; commit {payload['commit']}; {payload['date']}; `{payload['command']}`", "",
-             "| case | numbatma | cuDNN | flash | numbatma / cuDNN | numbatma / flash |", "|---|---|---|---|---|---|"]
+             "| case | numbatma | cuDNN | flash | numbatma / cuDNN | numbatma / flash | numbatma / FA4 ref |",
+             "|---|---|---|---|---|---|---|"]
     for key, v in payload["summary"].items():
-        lines.append(f"| {key} | {v['numbatma']} | {v['cudnn']} | {v['flash']} | **{v['vs_cudnn']}** | {v['vs_flash']} |")
+        ref = v.get("vs_fa4_ref")
+        lines.append(f"| {key} | {v['numbatma']} | {v['cudnn']} | {v['flash']} | **{v['vs_cudnn']}** | {v['vs_flash']} | "
+                     f"{'' if ref is None else ref} |")
+    lines += ["", "FA4 ref: FlashAttention-4's ratio to cuDNN from ../shared/FACTS.md (H100, same process as cuDNN there) "
+              "times this run's cuDNN - a reference, not a measurement of this run."]
     for r in payload["results"]:
         if r["tag"] in ("variants", "check", "tiles"):
             lines += ["", f"{r['tag']}: {r['case']}", "", "| kernel | TFLOP/s | rel. error |", "|---|---|---|"]
@@ -285,6 +298,11 @@ def plot(payload, path):
             pts = [(r["seq"], r[name]["tflops"]) for r in sel if "tflops" in r.get(name, {})]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=label)
+        ref = [(r["seq"], FA4_OVER_CUDNN[d, r["seq"], causal] * r["cudnn"]["tflops"]) for r in sel
+               if (d, r["seq"], causal) in FA4_OVER_CUDNN and "tflops" in r.get("cudnn", {})]
+        if ref:  # (FACTS.md's FA4 / cuDNN ratio x this run's cuDNN: a reference, not measured here)
+            ax.plot(*zip(*ref), linestyle="none", marker="*", markersize=9, color="black",
+                    label="FA4 ref (FACTS ratio x cuDNN)")
         ax.set_xscale("log", base=2)
         ax.set_title(f"D={d} {'causal' if causal else 'full'}", fontsize=9)
         ax.set_xlabel("sequence length")
