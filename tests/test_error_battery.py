@@ -208,7 +208,27 @@ HOST = {
     "TmaCopy box True": (lambda: K.TmaCopy(A2, F((64, 64), ptr=OTHER), box=True), TensorMapError, "got True"),
     "RowSum out shape": (lambda: K.RowSum(A2, F((32,), ptr=OTHER)), TensorMapError, "shape (32,)"),
     "Softmax out shape": (lambda: K.Softmax(A2, F((64, 32), ptr=OTHER)), TensorMapError, "shape (64, 32)"),
+    # this session's entry points (issues 23, 24): warp_roles, devices.sm_count, autotune, Attention's tile options
+    "Attention producer_registers 28": (lambda: K.Attention(*_attention_arrays(), producer_registers=28),
+                                        TensorMapError, "producer_registers must be one of (24, 32, 40)"),
+    "Attention bn 208": (lambda: K.Attention(*_attention_arrays(), bn=208), TensorMapError, "got 208"),
+    "Attention autotune with bn": (lambda: K.Attention(*_attention_arrays(), autotune=True, bn=64), TensorMapError,
+                                   "got bn=64 as well"),
+    "Attention autotune 1": (lambda: K.Attention(*_attention_arrays(), autotune=1), TensorMapError,
+                             "autotune must be True or False, got 1"),
+    "wait_release lag 8": (lambda: numbatma.intrinsics.wait_release(8), ValueError, "lag must be an int in 0..7"),
+    "persistent_grid sms 0": (lambda: numbatma.intrinsics.persistent_grid(10, 0), ValueError,
+                              "sms must be an int >= 1, got 0"),
+    "sm_count device -1": (lambda: numbatma.devices.sm_count(-1), ValueError, "got -1"),
+    "autotune empty configs": (lambda: numbatma.autotune.tune("k", [], lambda c: None), ValueError, "got []"),
+    "autotune bucket 0": (lambda: numbatma.autotune.bucket(0), ValueError, "got 0"),
 }
+
+
+def _attention_arrays():
+    """q, k, v, o and lse of a small float16 attention problem (1 x 2 heads x 100 x 64), apart in memory."""
+    return tuple(F((1, 2, 100, 64), np.float16, ptr=(i + 1) * OTHER) for i in range(4)) + (
+        F((1, 2, 100), np.float32, ptr=5 * OTHER),)
 
 
 @pytest.mark.parametrize("case", list(HOST), ids=list(HOST))
@@ -240,6 +260,11 @@ def typing_case(sig, fragment):
         return kernel
 
     return register
+
+
+@typing_case((types.float64[::1],), "fast_exp2: x must be a float32 (ex2.approx.f32 takes one), got float64")
+def k_fast_exp2_float64(x):
+    x[0] = numbatma.intrinsics.fast_exp2(x[0])  # <-
 
 
 @typing_case((D2T,), "tma_load: the shared tile has dtype float16 but the descriptor moves float32 elements")
