@@ -5,11 +5,20 @@ from __future__ import annotations
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, emit_only, fail, require_int, require_literal_int, sim, to_u32
 
-__all__ = ["elect_one_sync", "named_barrier_arrive", "named_barrier_sync", "setmaxnreg_dec", "setmaxnreg_inc"]
+__all__ = ["elect_one_sync", "named_barrier_arrive", "named_barrier_sync", "setmaxnreg_dec", "setmaxnreg_inc",
+           "vote_all", "vote_any"]
 
 ELECT_ONE = Ptx(
     "{ .reg .pred p; .reg .b32 lane; elect.sync lane|p, 0xffffffff; selp.u32 $elected, 1, 0, p; }",
     out=("elected", "b32"),
+)
+VOTE_ANY = Ptx(
+    "{ .reg .pred p, q; setp.ne.u32 p, $pred, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 $out, 1, 0, q; }",
+    ins=(("pred", "b32"),), out=("out", "b32"), memory=False, min_sm=70,
+)
+VOTE_ALL = Ptx(
+    "{ .reg .pred p, q; setp.ne.u32 p, $pred, 0; vote.sync.all.pred q, p, 0xffffffff; selp.u32 $out, 1, 0, q; }",
+    ins=(("pred", "b32"),), out=("out", "b32"), memory=False, min_sm=70,
 )
 NAMED_BARRIER_SYNC = Ptx("bar.sync $id, $threads;", ins=(("id", "b32"), ("threads", "b32")), min_sm=70)
 NAMED_BARRIER_ARRIVE = Ptx("bar.arrive $id, $threads;", ins=(("id", "b32"), ("threads", "b32")), min_sm=70)
@@ -33,6 +42,38 @@ def elect_one_sync(typingctx):
         return builder.icmp_unsigned("!=", out, ir.Constant(out.type, 0))
 
     return types.boolean(), codegen
+
+
+def _vote(op, ptx, pred):
+    if not isinstance(pred, (types.Boolean, types.Integer)):
+        fail(op, f"the predicate must be a bool (or an integer: nonzero is true), got {pred}")
+
+    def codegen(context, builder, sig, args):
+        value = args[0]
+        if isinstance(sig.args[0], types.Boolean):
+            value = builder.zext(value, ir.IntType(32))
+        else:
+            value = to_u32(context, builder, sig.args[0], value)
+        out = ptx.emit(builder, pred=value)
+        return builder.icmp_unsigned("!=", out, ir.Constant(out.type, 0))
+
+    return types.boolean(pred), codegen
+
+
+@device_op(simulate=lambda pred: sim_vote(pred, any))
+def vote_any(typingctx, pred):
+    """True in every lane when ``pred`` is true in at least one lane of the warp: a warp-uniform decision (e.g.
+    whether any of the warp's rows needs a rescale), so a branch on it does not diverge.
+    ``vote.sync.any.pred`` with the full mask (sm_70+). All 32 lanes call it together (not under a
+    lane-divergent branch)."""
+    return _vote("vote_any", VOTE_ANY, pred)
+
+
+@device_op(simulate=lambda pred: sim_vote(pred, all))
+def vote_all(typingctx, pred):
+    """True in every lane when ``pred`` is true in all 32 lanes of the warp. ``vote.sync.all.pred`` with the full
+    mask (sm_70+). All 32 lanes call it together."""
+    return _vote("vote_all", VOTE_ALL, pred)
 
 
 def _check_barrier(op, barrier_id, threads):
@@ -102,6 +143,11 @@ def setmaxnreg_dec(typingctx, regs):
 
 
 # -- simulator semantics ----------------------------------------------------------------------------------------
+def sim_vote(pred, fold):
+    """``vote.sync.{any,all}``: the warp's 32 predicates exchanged (every lane must take part), folded."""
+    return bool(fold(bool(v) for v in sim().warp_exchange(0xFFFFFFFF, bool(pred))))
+
+
 def sim_named_barrier(barrier_id, threads, wait):
     """``bar.sync`` (``wait``) / ``bar.arrive`` of named barrier ``barrier_id`` for ``threads`` threads: the
     participants share what they know (each generation of the barrier is its own knowledge pool)."""
@@ -138,5 +184,7 @@ PTX = {
     "named_barrier_sync": NAMED_BARRIER_SYNC,
     "named_barrier_arrive": NAMED_BARRIER_ARRIVE,
     "setmaxnreg_inc": SETMAXNREG_INC,
+    "vote_any": VOTE_ANY,
+    "vote_all": VOTE_ALL,
     "setmaxnreg_dec": SETMAXNREG_DEC,
 }

@@ -66,6 +66,7 @@ from numbatma.intrinsics import (
     store_buffers,
     store_release,
     tma_store,
+    vote_any,
     wait_release,
     wgmma,
     wgmma_a_fragments,
@@ -107,6 +108,9 @@ FLT_MAX = float(np.finfo(np.float32).max)
 FUSED_MAX_SCALE = 1.0  # |scale| up to this: the fused softmax (the default); beyond: "exact" (see softmax_mode)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
+# Lazy rescaling ("fused" mode): a warp keeps its rows' reference maxima until one of them is exceeded by more than
+# this (log2 units), so most key blocks skip O's rescale; the weights are then at most 2^8 (fine in float16/bf16 P).
+RESCALE_SLACK = np.float32(8.0)
 _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
 SCHEDULES = ("serial", "overlap", "pingpong")
 ORDERS = ("snake", "cyclic")  # how a persistent CTA takes its items, round after round
@@ -411,8 +415,9 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     @cuda.jit(device=True, inline="always")
     def softmax(s, j, sk, m0, w, row0, scale_log2, state):
         """The online softmax of key block ``j`` on S (returned by its wait): the mask where needed, the new row
-        maxima, ``P = exp2(S·scale·log2 e - m)`` (float32), the factor ``f`` that rescales O and the sums
-        from the old maxima to the new. ``state = (m_a, m_b, l_a, l_b)`` of the thread's two rows."""
+        maxima, ``P = exp2(S·scale·log2 e - m)`` (float32), whether O must be rescaled (warp-uniform) and the
+        factor ``f`` that rescales O and the sums from the old reference maxima to the new. ``state = (m_a, m_b,
+        l_a, l_b)`` of the thread's two rows."""
         m_a, m_b, l_a, l_b = state
         kv0 = j * bn
         if zero or kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
@@ -426,16 +431,26 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             p = wgmma_map(s, _exp2_exact, (scale_log2, u_a, u_b))
             f_a = math.exp2((m_a - u_a) * scale_log2 * LOG2E_F32)
             f_b = math.exp2((m_b - u_b) * scale_log2 * LOG2E_F32)
-        else:  # the extremum scaled: the max of S · scale·log2 e (a negative scale turns the raw min into it)
-            n_a = max(m_a, r_a * scale_log2)
-            n_b = max(m_b, r_b * scale_log2)
-            u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
-            u_b = n_b if n_b != NEG_INF else ZERO
-            p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
-            f_a = math.exp2(m_a - u_a)
-            f_b = math.exp2(m_b - u_b)
+            sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
+            return p, True, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
+        # "fused": the extremum scaled (the max of S · scale·log2 e; a negative scale turns the raw min into it).
+        # Lazy: the reference maxima move (and O is rescaled) only when one of the warp's rows exceeds its
+        # reference by more than RESCALE_SLACK - a warp-uniform vote, so the branch on it never diverges; else
+        # P = exp2(S·c - m) <= 2^8 against the old reference, which O and l share: the same result.
+        n_a = max(m_a, r_a * scale_log2)
+        n_b = max(m_b, r_b * scale_log2)
+        grow = vote_any(n_a > m_a + RESCALE_SLACK or n_b > m_b + RESCALE_SLACK)
+        if grow:
+            m_a, m_b, old_a, old_b = n_a, n_b, m_a, m_b
+        else:
+            old_a, old_b = m_a, m_b
+        u_a = m_a if m_a != NEG_INF else ZERO  # (a row with no key yet)
+        u_b = m_b if m_b != NEG_INF else ZERO
+        p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
+        f_a = math.exp2(old_a - u_a)  # (1 unless grow: then O is rescaled too)
+        f_b = math.exp2(old_b - u_b)
         sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
-        return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
+        return p, grow, (f_a, f_b), (m_a, m_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     @cuda.jit(device=True, inline="always")
     def producer(args):
@@ -504,8 +519,9 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 for j in range(blocks):
                     ks = kpipe.consumer_wait()
                     sacc = release_done(kpipe, issue_qk(smem, q_map, k_map, qs, w, ks), lane)
-                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
-                    o = wgmma_map(o, _scale_rows, f)
+                    p, rescale, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                    if rescale:
+                        o = wgmma_map(o, _scale_rows, f)
                     vs = vpipe.consumer_wait()
                     o = release_done(vpipe, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs), lane)
             else:  # S of block j is issued with P V of block j - 1; the softmax of j runs while P V does.
@@ -518,7 +534,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 if take_turns:
                     pass_turn(w)  # the other's turn
                 sacc = release_done(kpipe, sacc, lane)
-                p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
+                p, rescale, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
                 pf = wgmma_a_fragments(p, kind)  # (O is zero: nothing to rescale)
                 for j in range(1, blocks):
                     if take_turns:
@@ -531,9 +547,10 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                         pass_turn(w)
                     # S of block j is done (P V of j - 1 runs on): its K stage goes back
                     sacc = release_older(kpipe, sacc, lane)
-                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                    p, rescale, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
-                    o = wgmma_map(o, _scale_rows, f)  # O (through block j - 1) to the maxima of block j
+                    if rescale:  # O (through block j - 1) to the new reference maxima
+                        o = wgmma_map(o, _scale_rows, f)
                     pf = wgmma_a_fragments(p, kind)
                 vs = vpipe.consumer_wait()
                 o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)

@@ -20,6 +20,8 @@ from numbatma.intrinsics import (
     cp_async_wait_all,
     cp_async_wait_group,
     elect_one_sync,
+    vote_all,
+    vote_any,
     named_barrier_arrive,
     named_barrier_sync,
     setmaxnreg_dec,
@@ -159,6 +161,8 @@ def every_pipeline_op(d2, src, out):
         v += ring[1024 + s * 512]
         lds.consumer_release()
         named_barrier_sync(1, 256)
+        if vote_all(v > 0.0) or vote_any(cuda.threadIdx.x == 200):  # (warp-uniform: no divergence)
+            v += 1.0
         out[cuda.threadIdx.x] = v
 
 
@@ -410,6 +414,15 @@ def k_shared_view_runtime_shape(n):
 
 def k_setmaxnreg_odd():
     setmaxnreg_inc(100)
+
+
+def k_vote_float(x):
+    if vote_any(x[0]):
+        x[0] = 1.0
+
+
+def test_vote_refuses_a_float():
+    _expect_typing_error(k_vote_float, (types.float32[::1],), "vote_any", "must be a bool")
 
 
 def k_named_barrier_partial_warp():

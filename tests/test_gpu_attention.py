@@ -49,7 +49,11 @@ def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", view
     plan.launch(0 if stream is None else cuda.external_stream(stream.cuda_stream))
     torch.cuda.synchronize()
     ref, ref_lse = reference(q_ref, k_ref, v_ref, causal, plan.scale)
-    got = o if layout == "bhsd" else o.transpose(1, 2)
+    assert_matches(o if layout == "bhsd" else o.transpose(1, 2), lse, ref, ref_lse, v, dtype)
+
+
+def assert_matches(got, lse, ref, ref_lse, v, dtype):
+    """O within 2 ulp(dtype) · max|V| of the float32 reference, the log-sum-exp within 1e-3, nothing left NaN."""
     assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} outputs never written"
     assert not torch.isnan(lse).any(), "log-sum-exp never written"
     err = (got.float() - ref).abs()
@@ -105,6 +109,32 @@ def test_autotuned_plan(d, tmp_path, monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_different_query_and_key_lengths(sq, sk, causal):
     run_case(2, 2, 2, sq, sk, 128, causal)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_rising_and_falling_row_maxima(dtype, d, causal):
+    """The lazy rescale (kernels.attention.RESCALE_SLACK): logits that rise along the keys by ~13 log2 units per
+    128 keys in some rows (every few blocks a warp must move its reference maxima and rescale O), fall in others
+    (the first block's maximum holds), stay flat or rise slowly (below the slack: never rescaled) - mixed within
+    every warp. Without the rescale the rising rows' weights overflow float16 (2^100); with a wrong one O is off."""
+    b, h, sq, sk = 1, 2, 1000, 1000
+    gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
+    q = torch.randn((b, h, sq, d), device="cuda", generator=gen) * 0.3
+    k = torch.randn((b, h, sk, d), device="cuda", generator=gen) * 0.3
+    v = torch.randn((b, h, sk, d), device="cuda", generator=gen)
+    slopes = torch.tensor([8.0, 0.0, -8.0, 0.5, 3.0], device="cuda")
+    q[..., 0] = slopes[torch.arange(sq, device="cuda") % len(slopes)]
+    k[..., 0] = torch.linspace(0, 100, sk, device="cuda")  # logit ≈ slope · t_j / sqrt(d) + noise
+    q, k, v = (x.to(TORCH[dtype]) for x in (q, k, v))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
+    plan = Attention(q, k, v, o, lse, causal=causal)
+    plan.launch()
+    torch.cuda.synchronize()
+    ref, ref_lse = reference(q, k, v, causal, plan.scale)
+    assert_matches(o, lse, ref, ref_lse, v, dtype)
 
 
 @pytest.mark.parametrize("hq, hk", [(8, 1), (8, 2), (6, 3)])

@@ -72,9 +72,22 @@ def test_every_scale(case):
     check(1, 1, 1, sq, sk, 64, causal, "bhsd", 64, schedule, scale=scale, integers=integers)
 
 
-def check(b, hq, hk, sq, sk, d, causal, layout, bn, schedule, integers=False, **options):
+def test_rising_and_falling_row_maxima():
+    """The lazy rescale (kernels.attention.RESCALE_SLACK): rows whose logits rise ~20 log2 units per key block (a
+    warp moves its reference maxima and rescales O), fall, stay flat or rise below the slack - mixed in every warp;
+    float16 weights would overflow (2^140) without the rescale."""
+    check(1, 1, 1, 70, 200, 64, True, "bhsd", 32, None, trend=True)
+
+
+def check(b, hq, hk, sq, sk, d, causal, layout, bn, schedule, integers=False, trend=False, **options):
     rng = np.random.default_rng()
-    if integers:  # small integers: every logit exact in float32 (the float64 reference sees the same ties)
+    if trend:  # logit ≈ slope_i · t_j / 8: t rises along the keys, the slope cycles over the rows
+        q = (rng.standard_normal((b, hq, sq, d)) * 0.3).astype(np.float16)
+        k = (rng.standard_normal((b, hk, sk, d)) * 0.3).astype(np.float16)
+        v = rng.standard_normal((b, hk, sk, d)).astype(np.float16)
+        q[..., 0] = np.array([8.0, 0.0, -8.0, 0.5, 3.0])[np.arange(sq) % 5]
+        k[..., 0] = np.linspace(0, 100, sk)
+    elif integers:  # small integers: every logit exact in float32 (the float64 reference sees the same ties)
         q, k, v = (rng.integers(-2, 3, (b, h, s, d)).astype(np.float16) for h, s in ((hq, sq), (hk, sk), (hk, sk)))
     else:
         q = rng.standard_normal((b, hq, sq, d)).astype(np.float16)

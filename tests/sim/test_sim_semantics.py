@@ -23,6 +23,8 @@ from numbatma.intrinsics import (
     tma_load,
     tma_reduce,
     tma_store,
+    vote_all,
+    vote_any,
 )
 from numbatma.intrinsics._sim import SimulatedHang
 
@@ -248,3 +250,24 @@ def test_tile_and_bulk_reduces_agree_on_nan_operands(kind):
     assert np.isnan(want).sum() == 64 // len(pairs)  # (only where both operands are NaN)
     np.testing.assert_array_equal(tiled.reshape(-1), want)
     np.testing.assert_array_equal(flat, want)
+
+
+@cuda.jit
+def votes(out):
+    t = cuda.threadIdx.x
+    out[0, t] = vote_any(t == 37)  # only warp 1 has lane 5 = thread 37
+    out[1, t] = vote_all(t % 32 != 5)  # false in both warps
+    out[2, t] = vote_all(t < 32)  # warp 0 only
+    out[3, t] = vote_any(t % 2)  # an integer predicate: nonzero is true
+
+
+def test_warp_votes():
+    """vote_any / vote_all: the same answer in every lane of a warp, each warp on its own lanes."""
+    out = cuda.to_device(np.full((4, 64), -1, np.int32))
+    votes[1, 64](out)
+    got = out.copy_to_host()
+    warp0, warp1 = slice(0, 32), slice(32, 64)
+    assert (got[0, warp0] == 0).all() and (got[0, warp1] == 1).all()
+    assert (got[1] == 0).all()
+    assert (got[2, warp0] == 1).all() and (got[2, warp1] == 0).all()
+    assert (got[3] == 1).all()
