@@ -12,9 +12,8 @@ lane ``l``, ``g = l // 4``, ``q = l % 4``) two rows of the tile: row ``16 w + g`
   ``col`` its column in the tile, ``extra`` whatever the kernel passes (a number, a tuple). ``fn`` is a
   ``cuda.jit(device=True)`` function (inlined: no call); its result is converted to float32.
 * ``wgmma_row_reduce(acc, fn, init)``: ``(row_half_0, row_half_1)``: ``fn`` folded over the thread's registers
-  of each row half as a balanced tree (depth log2 of the count: short dependency chains), folded with
-  ``init``, then over the quad (two ``shfl.sync.bfly`` steps), so every thread gets the reduction over its whole
-  rows of the tile. ``fn(a, b)`` must be associative and commutative
+  of each row half starting from ``init``, then over the quad (two ``shfl.sync.bfly`` steps), so every thread
+  gets the reduction over its whole rows of the tile. ``fn(a, b)`` must be associative and commutative
   (``max``, ``+``).
 
 Online softmax in a few lines (``scale_log2 = scale * log2(e)``)::
@@ -119,8 +118,8 @@ def wgmma_map(typingctx, acc, fn, extra):
 
 @device_op(simulate=lambda acc, fn, init: _sim_row_reduce(acc, fn, init))
 def wgmma_row_reduce(typingctx, acc, fn, init):
-    """``(r0, r1)``, float32: ``fn`` over the thread's registers of row half 0 and of row half 1 (a balanced tree:
-    neighbours first - ``log2`` of the count dependent steps), folded with ``init``, then across the four threads of the quad (``shfl.sync.bfly.b32`` with lane masks 1 and 2), so that
+    """``(r0, r1)``, float32: ``fn`` folded from ``init`` over the thread's registers of row half 0 and of row
+    half 1, then across the four threads of the quad (``shfl.sync.bfly.b32`` with lane masks 1 and 2), so that
     every thread holds the reduction over its two whole rows of the m64nN tile. ``fn(a, b)``: a
     ``cuda.jit(device=True)`` function, associative and commutative. All 32 lanes of the warp call it together."""
     op = "wgmma_row_reduce"
@@ -132,11 +131,10 @@ def wgmma_row_reduce(typingctx, acc, fn, init):
 
     def codegen(context, builder, sig, args):
         start = context.cast(builder, args[2], sig.args[2], types.float32)
-        halves = ([], [])
+        rows = [start, start]
         for i in range(acc.count):
-            halves[_half(i)].append(builder.extract_value(args[0], i))
-        rows = [_call(context, builder, fn, sig_fn, (start, _tree(halves[h], lambda a, b: _call(
-            context, builder, fn, sig_fn, (a, b))))) for h in (0, 1)]
+            h = _half(i)
+            rows[h] = _call(context, builder, fn, sig_fn, (rows[h], builder.extract_value(args[0], i)))
         for mask in (1, 2):
             for h in (0, 1):
                 other = _SHFL_BFLY.emit(builder, value=builder.bitcast(rows[h], I32), lanemask=mask)
@@ -144,17 +142,6 @@ def wgmma_row_reduce(typingctx, acc, fn, init):
         return context.make_tuple(builder, result, rows)
 
     return result(acc, fn, init), codegen
-
-
-def _tree(values, combine):
-    """``combine`` over ``values`` as a balanced binary tree: neighbours first, then neighbouring pairs, ... -
-    ``len(values) - 1`` operations in ``ceil(log2 len)`` dependent steps instead of a chain of ``len`` (a
-    32-register row half: 5 steps, not 32). The GPU code and the simulator use this one order."""
-    values = list(values)
-    while len(values) > 1:
-        values = [combine(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
 
 
 # -- simulator semantics ---------------------------------------------------------------------------------------
@@ -192,10 +179,10 @@ def _sim_row_reduce(acc, fn, init):
     _sim_device_function("wgmma_row_reduce", fn)
     s = sim()
     _sim_accumulator("wgmma_row_reduce", acc)
-    halves = ([], [])
+    rows = [np.float32(init), np.float32(init)]
     for i in range(acc.values.size):
-        halves[_half(i)].append(np.float32(acc.values[i]))
-    rows = [np.float32(fn(np.float32(init), _tree(halves[h], lambda a, b: np.float32(fn(a, b))))) for h in (0, 1)]
+        h = _half(i)
+        rows[h] = np.float32(fn(rows[h], np.float32(acc.values[i])))
     for mask in (1, 2):
         for h in (0, 1):
             rows[h] = np.float32(fn(rows[h], np.float32(s.shfl_xor(0xFFFFFFFF, rows[h], mask))))

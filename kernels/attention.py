@@ -66,7 +66,6 @@ from numbatma.intrinsics import (
     store_buffers,
     store_release,
     tma_store,
-    vote_any,
     wait_release,
     wgmma,
     wgmma_a_fragments,
@@ -108,9 +107,6 @@ FLT_MAX = float(np.finfo(np.float32).max)
 FUSED_MAX_SCALE = 1.0  # |scale| up to this: the fused softmax (the default); beyond: "exact" (see softmax_mode)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
-# Lazy rescaling ("fused" mode): a warp keeps its rows' reference maxima until one of them is exceeded by more than
-# this (log2 units), so most key blocks skip O's rescale; the weights are then at most 2^8 (fine in float16/bf16 P).
-RESCALE_SLACK = np.float32(8.0)
 _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
 SCHEDULES = ("serial", "overlap", "pingpong")
 ORDERS = ("snake", "cyclic")  # how a persistent CTA takes its items, round after round
@@ -129,7 +125,8 @@ class AttentionConfig:
     takes item ``r G + c`` ("cyclic"), or ``r G + G - 1 - c`` in the odd rounds ("snake": with causal items ordered
     longest first, every CTA's total work comes out within a few percent of the mean; cyclic leaves the first
     CTAs up to 25% more). ``sweep``: "heads" numbers the items (batch, head) fastest, "queries" query block
-    fastest (the CTAs running at once then share fewer heads' K and V in L2; measured no faster).
+    fastest (the CTAs running at once then share fewer heads' K and V in L2: the default for full attention,
+    where it is up to 7.5% faster; causal keeps "heads", whose longest-first order balances the CTAs).
 
     ``q_stages``: Q tiles in shared memory (each also the O staging tile of its item). With 2 the producer loads
     the next item's Q while the consumers still compute (and store) this one's - what short sequences need.
@@ -200,31 +197,35 @@ MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' 
 PRODUCER_REGISTERS = (24, 32, 40)
 
 
-def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep="heads", q_stages=None,
-                   producer_registers=None, causal=False, exact=False):
+def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
+                   producer_registers=None, causal=False, exact=False, sk=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 64 for D = 256 (S takes
     bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64, one for D >= 128 (measured on an H100
     at S = 1024: two Q stages +10% at D = 64, where 4 K/V stages still fit, but -12% at D = 128, where they leave
     room for 2 K/V stages instead of 3); as many K/V stages as shared memory then holds, at most 4 (2 for
-    D = 256); the "overlap" schedule (but see ``causal``); the producer's register budget 24 for D = 256 overlapped
-    (its consumers get 240: S, P and O fit without spilling), 40 otherwise; the snake order over items numbered (batch, head)
-    first. ``causal``: the plan's mask (the tile may depend on it); ``exact``: the scale's softmax mode is "exact"
-    (:func:`softmax_mode`: |scale| > 1). At D = 256 the causal and the "exact" kernels spill a few registers when
-    overlapped (causal: work counts hoisted above the role split, docs/attention.md), so they stay "serial" with
-    the 40-register producer.
+    D = 256); the "overlap" schedule; the producer's register budget 24 for D = 256 overlapped (its consumers get
+    240: S, P and O fit without spilling, full and causal, every softmax mode), 40 otherwise; the snake order over
+    items numbered (batch, head) first for causal attention, query block first otherwise (``sweep``). ``causal``:
+    the plan's mask (the tile may depend on it); ``sk``: the key length, when known (full D = 64 takes 128-key blocks where 192 would pad the
+    last block by more than 3% of the keys: S = 1024 has 5 1/3 blocks of 192); ``exact``: the scale's softmax
+    mode is "exact" (:func:`softmax_mode`: |scale| > 1; no default depends on it now).
 
     Measured on an H100 (benchmarks/RESULTS.md, ``--only variants`` and ``--only tiles``, runs interleaved with
     cuDNN's): overlap 1-3% ahead of pingpong at D = 64 and 128; at D = 256 overlap with 240-register consumers
-    12% ahead of serial (full and causal, S = 8192; causal not taken: it spills); bn = 192 at full D = 64 +3% (causal +2.5%, but its SASS
-    spills: not taken), wider blocks at D = 128 (FA3's 176) 4-7% behind 128; snake 10% ahead of cyclic for causal;
-    the query-first sweep equal for full attention and 30% behind for causal (its longest items all come first,
-    to the same CTAs)."""
+    12% ahead of serial (full and causal, S = 8192; the "exact" mode not measured); bn = 192 at full D = 64 +3%
+    (causal +2.5%, but its SASS spills: not taken), wider blocks at D = 128 (FA3's 176) 4-7% behind 128; snake 10%
+    ahead of cyclic for causal; the query-first sweep 30% behind for causal (its longest items all come first, to
+    the same CTAs) and 0-7.5% ahead for full attention (B4 S1024 D128 +7.5%, D256 S8192 +4%, D128 S8192 equal: the
+    CTAs running at once share the K and V of fewer heads in L2); at S = 1024, D = 64, 128-key blocks 15% ahead of
+    192."""
+    if sweep is None:
+        sweep = "heads" if causal else "queries"
     if schedule is None:  # (D = 256 overlapped holds S, P and O at once: only the 240-register consumers fit them)
-        schedule = "serial" if d == 256 and (exact or causal) else "overlap"
+        schedule = "overlap"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
         choice_option("Attention", name, value, choices)
     if bn is None:  # (D = 64 causal: 192 spills in the mask code, and gains only 2.5%)
-        bn = 192 if d == 64 and not causal else (128 if d <= 128 else 64)
+        bn = 192 if d == 64 and not causal and (sk is None or _padding(sk, 192) <= 0.03) else (128 if d <= 128 else 64)
     most = MAX_BN[d]  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
     bn = int_option("Attention", "bn", bn, 16, most)
     if bn % 16:
@@ -252,6 +253,11 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
                              f"multiples of 8; the consumers get the rest), got {producer_registers}")
     return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep, q_stages,
                            producer_registers)
+
+
+def _padding(sk, bn):
+    """The share of the keys that the last block of ``bn`` pads: (ceil(sk / bn) bn - sk) / sk."""
+    return (-sk % bn) / sk
 
 
 # -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
@@ -415,9 +421,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     @cuda.jit(device=True, inline="always")
     def softmax(s, j, sk, m0, w, row0, scale_log2, state):
         """The online softmax of key block ``j`` on S (returned by its wait): the mask where needed, the new row
-        maxima, ``P = exp2(S·scale·log2 e - m)`` (float32), whether O must be rescaled (warp-uniform) and the
-        factor ``f`` that rescales O and the sums from the old reference maxima to the new. ``state = (m_a, m_b,
-        l_a, l_b)`` of the thread's two rows."""
+        maxima, ``P = exp2(S·scale·log2 e - m)`` (float32), the factor ``f`` that rescales O and the sums
+        from the old maxima to the new. ``state = (m_a, m_b, l_a, l_b)`` of the thread's two rows."""
         m_a, m_b, l_a, l_b = state
         kv0 = j * bn
         if zero or kv0 + bn > sk or (causal and kv0 + bn - 1 > m0 + WG_ROWS * w):
@@ -431,26 +436,16 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             p = wgmma_map(s, _exp2_exact, (scale_log2, u_a, u_b))
             f_a = math.exp2((m_a - u_a) * scale_log2 * LOG2E_F32)
             f_b = math.exp2((m_b - u_b) * scale_log2 * LOG2E_F32)
-            sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
-            return p, True, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
-        # "fused": the extremum scaled (the max of S · scale·log2 e; a negative scale turns the raw min into it).
-        # Lazy: the reference maxima move (and O is rescaled) only when one of the warp's rows exceeds its
-        # reference by more than RESCALE_SLACK - a warp-uniform vote, so the branch on it never diverges; else
-        # P = exp2(S·c - m) <= 2^8 against the old reference, which O and l share: the same result.
-        n_a = max(m_a, r_a * scale_log2)
-        n_b = max(m_b, r_b * scale_log2)
-        grow = vote_any(n_a > m_a + RESCALE_SLACK or n_b > m_b + RESCALE_SLACK)
-        if grow:
-            m_a, m_b, old_a, old_b = n_a, n_b, m_a, m_b
-        else:
-            old_a, old_b = m_a, m_b
-        u_a = m_a if m_a != NEG_INF else ZERO  # (a row with no key yet)
-        u_b = m_b if m_b != NEG_INF else ZERO
-        p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
-        f_a = math.exp2(old_a - u_a)  # (1 unless grow: then O is rescaled too)
-        f_b = math.exp2(old_b - u_b)
+        else:  # the extremum scaled: the max of S · scale·log2 e (a negative scale turns the raw min into it)
+            n_a = max(m_a, r_a * scale_log2)
+            n_b = max(m_b, r_b * scale_log2)
+            u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
+            u_b = n_b if n_b != NEG_INF else ZERO
+            p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
+            f_a = math.exp2(m_a - u_a)
+            f_b = math.exp2(m_b - u_b)
         sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
-        return p, grow, (f_a, f_b), (m_a, m_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
+        return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     @cuda.jit(device=True, inline="always")
     def producer(args):
@@ -495,6 +490,14 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         epilogue."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
         batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        # The warpgroup index again, made here (after setmaxnreg and the work counts) and broadcast from lane 0
+        # (shfl.sync.idx): ptxas then knows it is warp-uniform and keeps w, m0 + 64 w and the causal block test
+        # in uniform registers. warp_specialize's w is a per-thread value from before the split, live across
+        # setmaxnreg: with it the causal D = 256 overlapped kernel (240 registers) spilled it and row_in_wg to
+        # local memory. (Made before the work counts, or w broadcast as passed, it spills again: the SASS tests
+        # pin it. Not with pingpong: its D = 256 kernels spill more with it.)
+        if not take_turns:
+            w = cuda.shfl_sync(0xFFFFFFFF, cuda.threadIdx.x // WARPGROUP, 0) - 1
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
         row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
@@ -519,9 +522,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 for j in range(blocks):
                     ks = kpipe.consumer_wait()
                     sacc = release_done(kpipe, issue_qk(smem, q_map, k_map, qs, w, ks), lane)
-                    p, rescale, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
-                    if rescale:
-                        o = wgmma_map(o, _scale_rows, f)
+                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                    o = wgmma_map(o, _scale_rows, f)
                     vs = vpipe.consumer_wait()
                     o = release_done(vpipe, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs), lane)
             else:  # S of block j is issued with P V of block j - 1; the softmax of j runs while P V does.
@@ -534,24 +536,26 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 if take_turns:
                     pass_turn(w)  # the other's turn
                 sacc = release_done(kpipe, sacc, lane)
-                p, rescale, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
-                pf = wgmma_a_fragments(p, kind)  # (O is zero: nothing to rescale)
+                p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
+                pf = wgmma_a_fragments(p, kind)  # (O is zero: block 0's factor f, 0, keeps it so)
                 for j in range(1, blocks):
                     if take_turns:
                         wait_turn(w)
                     ks = kpipe.consumer_wait()
                     sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
+                    # while S of block j runs: O (through block j - 2) to the maxima of block j - 1, the reference
+                    # of the P that P V of block j - 1 adds (O is in no wgmma now: the last one was waited for)
+                    o = wgmma_map(o, _scale_rows, f)
                     vs = vpipe.consumer_wait()
                     o = issue_pv(o, pf, smem, v_map, vs)
                     if take_turns:
                         pass_turn(w)
                     # S of block j is done (P V of j - 1 runs on): its K stage goes back
                     sacc = release_older(kpipe, sacc, lane)
-                    p, rescale, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
+                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
-                    if rescale:  # O (through block j - 1) to the new reference maxima
-                        o = wgmma_map(o, _scale_rows, f)
                     pf = wgmma_a_fragments(p, kind)
+                o = wgmma_map(o, _scale_rows, f)
                 vs = vpipe.consumer_wait()
                 o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
             m_a, m_b, l_a, l_b = state
@@ -622,7 +626,7 @@ class Attention(Plan):
     settable = {"scale": None}
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep="heads", q_stages=None, producer_registers=None, grid=None,
+                 schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, grid=None,
                  autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
@@ -691,7 +695,7 @@ class Attention(Plan):
             bn, stages, schedule, q_stages, producer_registers = (self.tuning.best.get(name) for name in TILE_OPTIONS)
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
                                      q_stages=q_stages, producer_registers=producer_registers, causal=self.causal,
-                                     exact=self._softmax[0] == "exact")
+                                     exact=self._softmax[0] == "exact", sk=sk)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 

@@ -115,10 +115,10 @@ def test_different_query_and_key_lengths(sq, sk, causal):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_rising_and_falling_row_maxima(dtype, d, causal):
-    """The lazy rescale (kernels.attention.RESCALE_SLACK): logits that rise along the keys by ~13 log2 units per
-    128 keys in some rows (every few blocks a warp must move its reference maxima and rescale O), fall in others
-    (the first block's maximum holds), stay flat or rise slowly (below the slack: never rescaled) - mixed within
-    every warp. Without the rescale the rising rows' weights overflow float16 (2^100); with a wrong one O is off."""
+    """A wide dynamic range along the keys: logits that rise by ~13 log2 units per 128 keys in some rows (the
+    running maxima move on every block: O rescaled each time), fall in others (the first block's maximum holds),
+    stay flat or rise slowly - mixed within every warp. Unrescaled, the rising rows' weights would overflow float16
+    (2^100); a wrong rescale factor shows on O and the log-sum-exp."""
     b, h, sq, sk = 1, 2, 1000, 1000
     gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
     q = torch.randn((b, h, sq, d), device="cuda", generator=gen) * 0.3

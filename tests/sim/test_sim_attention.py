@@ -73,9 +73,8 @@ def test_every_scale(case):
 
 
 def test_rising_and_falling_row_maxima():
-    """The lazy rescale (kernels.attention.RESCALE_SLACK): rows whose logits rise ~20 log2 units per key block (a
-    warp moves its reference maxima and rescales O), fall, stay flat or rise below the slack - mixed in every warp;
-    float16 weights would overflow (2^140) without the rescale."""
+    """Rows whose logits rise ~20 log2 units per key block (the running maxima move every block, O rescaled), fall,
+    stay flat or rise slowly - mixed in every warp; float16 weights would overflow (2^140) without the rescale."""
     check(1, 1, 1, 70, 200, 64, True, "bhsd", 32, None, trend=True)
 
 
