@@ -65,7 +65,6 @@ from numbatma.intrinsics import (
     shared_view,
     store_buffers,
     store_release,
-    tma_prefetch,
     tma_store,
     wait_release,
     wgmma,
@@ -384,7 +383,6 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     q_release = store_release(0)  # the Q stage, once the epilogue's TMA stores have read it
     out_tile = store_buffers(1)  # O's staging tile: the consumer's rows of the Q stage
     queries_fastest = sweep == "queries"
-    prefetch_q = bn + d <= 256  # (S and O in at most 128 registers: with more, the extra values spill)
     early_rescale = d == 128  # O's rescale under S's wgmma: +2.5% causal D = 128; -2..-4% at D = 256 (H100)
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
@@ -520,15 +518,6 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             l_a = ZERO  # running sums of exp2(...)
             l_b = ZERO
             o = wgmma_zeros(d)
-            if prefetch_q and tw == 0:  # the next item's Q (this consumer's rows) into L2: the producer loads it
-                # only once this item's epilogue frees the Q stage, and then finds it in L2 rather than DRAM. (Not in
-                # the producer: its 24 registers at D = 256 have no room; not with S and O over 128 registers, as
-                # at D = 256 or bn = 176 at D = 128: the extra values spill.)
-                t_next = persistent_item(r + 1, snake)
-                if t_next < total:
-                    b_n, h_n, m0_n = _item(t_next, heads, batch_heads, nmb, causal, queries_fastest)
-                    for c in range(chunks):
-                        tma_prefetch(q_map, (b_n, h_n, m0_n + WG_ROWS * w, CHUNK * c))
             qs = qpipe.consumer_wait()
             state = (m_a, m_b, l_a, l_b)
             if schedule == "serial":  # each product issued and waited for in turn
