@@ -199,11 +199,12 @@ PRODUCER_REGISTERS = (24, 32, 40)
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
                    producer_registers=None, causal=False, exact=False, sk=None):
-    """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 64 for D = 256 (S takes
-    bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64, one for D >= 128 (measured on an H100
-    at S = 1024: two Q stages +10% at D = 64, where 4 K/V stages still fit, but -12% at D = 128, where they leave
-    room for 2 K/V stages instead of 3); as many K/V stages as shared memory then holds, at most 4 (2 for
-    D = 256); the "overlap" schedule; the producer's register budget 24 for D = 256 overlapped (its consumers get
+    """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 64 for D = 256 (80 for full
+    attention over at most 1024 keys; S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for
+    D = 64 and for D = 128 but causal attention over more than 1024 keys, one otherwise (measured on an H100: two
+    Q stages +10% at D = 64 S = 1024, where 4 K/V stages still fit; at D = 128, where they leave room for 2 K/V
+    stages instead of 3, +2% full at S = 8192, +6-7% full and +1.5-6% causal at S <= 1024, -2% causal at
+    S = 8192); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the "overlap" schedule; the producer's register budget 24 for D = 256 overlapped (its consumers get
     240: S, P and O fit without spilling, full and causal, every softmax mode), 40 otherwise; the snake order over
     items numbered (batch, head) first for causal attention, query block first otherwise (``sweep``). ``causal``:
     the plan's mask (the tile may depend on it); ``sk``: the key length, when known (full D = 64 takes 128-key blocks where 192 would pad the
@@ -220,19 +221,26 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     192."""
     if sweep is None:
         sweep = "heads" if causal else "queries"
+    short = sk is not None and sk <= 1024  # (a few key blocks per item: the per-item costs weigh more)
     if schedule is None:  # (D = 256 overlapped holds S, P and O at once: only the 240-register consumers fit them)
         schedule = "overlap"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
         choice_option("Attention", name, value, choices)
     if bn is None:  # (D = 64 causal: 192 spills in the mask code, and gains only 2.5%)
-        bn = 192 if d == 64 and not causal and (sk is None or _padding(sk, 192) <= 0.03) else (128 if d <= 128 else 64)
+        if d == 64:
+            bn = 192 if not causal and (sk is None or _padding(sk, 192) <= 0.03) else 128
+        elif d == 128:
+            bn = 128
+        else:  # (80 keys: +4% at full S = 1024, -5% causal there)
+            bn = 80 if not causal and short else 64
     most = MAX_BN[d]  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
     bn = int_option("Attention", "bn", bn, 16, most)
     if bn % 16:
         raise TensorMapError(f"Attention: bn (keys per block) must be a multiple of 16 in 16..{most} for head dim "
                              f"{d}, got {bn}")
-    if q_stages is None:
-        q_stages = 2 if d <= 64 else 1
+    if q_stages is None:  # D = 128: two Q stages for full attention (+2% S = 8192, +6-7% S <= 1024), and for short
+        # causal (+1.5-6% at S <= 1024, -2% at 8192)
+        q_stages = 2 if d == 64 or (d == 128 and bn <= 128 and (not causal or short)) else 1  # (bn <= 128: 2 K/V stages fit)
     q_stages = int_option("Attention", "q_stages", q_stages, 1, 2)
     q_bytes = q_stages * BM * d * 2
     stage_bytes = 2 * bn * d * 2  # K and V
