@@ -41,13 +41,12 @@ FA4_OVER_CUDNN = {(128, 8192, False): 1.084, (128, 8192, True): 1.195, (128, 163
                   (128, 16384, True): 1.130, (64, 8192, False): 1.067, (256, 8192, False): 1.090,
                   (256, 8192, True): 1.211, (128, 1024, False): 0.963, (64, 2048, False): 1.01}
 # tiles: (d, causal, seq, batch) -> the options tried beside the default
-TILE_CASES = [(128, False, 8192, 1), (128, True, 8192, 1), (128, False, 1024, 4), (128, True, 1024, 4),
-              (128, False, 512, 8), (128, True, 512, 8), (256, False, 1024, 4), (256, True, 1024, 4),
-              (64, False, 512, 8), (64, True, 1024, 4)]
+TILE_CASES = [(128, False, 8192, 1), (128, False, 1024, 4), (128, True, 1024, 4), (128, False, 512, 8),
+              (128, True, 512, 8), (64, False, 512, 8), (64, True, 1024, 4), (64, False, 1024, 4)]
 TILE_OPTIONS = {
-    128: [dict(q_stages=2), dict(schedule="pingpong"), dict(bn=64), dict(bn=64, q_stages=2)],
-    256: [dict(schedule="pingpong"), dict(bn=80), dict(bn=32)],
-    64: [dict(schedule="pingpong"), dict(bn=64), dict(q_stages=1)],
+    128: [dict(o_buffer=False), dict(o_buffer=False, q_stages=1)],
+    256: [dict(schedule="pingpong")],
+    64: [dict(o_buffer=False)],
 }
 
 

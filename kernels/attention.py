@@ -56,6 +56,7 @@ from numbatma.autotune import bucket, tune
 from numbatma.views import ArrayLayout, layout_view
 from numbatma.intrinsics import (
     Pipeline,
+    bulk_commit_group,
     bulk_wait_group,
     elect_one_sync,
     fast_exp2,
@@ -132,7 +133,12 @@ class AttentionConfig:
     the next item's Q while the consumers still compute (and store) this one's - what short sequences need.
 
     ``producer_registers``: the producer warpgroup's register budget (24, 32 or 40; the consumers get what it gives
-    back: 240, 232 or 232 registers)."""
+    back: 240, 232 or 232 registers).
+
+    ``o_buffer``: O is staged for its TMA store in a tile of its own (``128 D`` elements) instead of the item's Q
+    stage. Then the Q stage goes back to the producer as soon as the item's last ``Q Kᵀ`` has completed (not after
+    the epilogue's stores have read it), and no consumer thread waits for a store in the epilogue: the previous
+    item's store, one item ago, is all that the next staging waits for."""
 
     bn: int
     stages: int
@@ -142,6 +148,7 @@ class AttentionConfig:
     sweep: str = "heads"
     q_stages: int = 1
     producer_registers: int = 40
+    o_buffer: bool = False
 
     @property
     def budget(self):
@@ -192,13 +199,13 @@ TUNE_SPACE = {
     256: (dict(schedule="overlap", producer_registers=24), dict(schedule="serial", producer_registers=40),
           dict(bn=96, schedule="serial", producer_registers=24)),
 }
-TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers")
+TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer")
 MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
 PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
-                   producer_registers=None, causal=False, exact=False, sk=None):
+                   producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 64 for D = 256 (80 for full
     attention over at most 1024 keys; S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for
     D = 64 and for D = 128 but causal attention over more than 1024 keys, one otherwise (measured on an H100: two
@@ -243,15 +250,22 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
         q_stages = 2 if d == 64 or (d == 128 and bn <= 128 and (not causal or short)) else 1  # (bn <= 128: 2 K/V stages fit)
     q_stages = int_option("Attention", "q_stages", q_stages, 1, 2)
     q_bytes = q_stages * BM * d * 2
+    o_bytes = BM * d * 2  # (O's own staging tile, with o_buffer)
     stage_bytes = 2 * bn * d * 2  # K and V
-    fit = (SMEM_PER_BLOCK - _STATIC_SMEM - q_bytes) // stage_bytes
+    room = SMEM_PER_BLOCK - _STATIC_SMEM - q_bytes
+    if o_buffer is not None:
+        o_buffer = bool_option("Attention", "o_buffer", o_buffer)
+    fit = (room - (o_bytes if o_buffer else 0)) // stage_bytes
     if stages is None:
         stages = min(4 if d < 256 else 2, fit)
     stages = int_option("Attention", "stages", stages, 1, 64)
+    if o_buffer is None:  # its own O tile wherever it fits beside the stages
+        o_buffer = stages * stage_bytes + o_bytes <= room
     if stages > fit:
         raise TensorMapError(f"Attention: stages={stages} with head dim {d} and bn={bn} needs "
-                             f"{q_bytes + stages * stage_bytes} bytes of shared memory (with {q_stages} Q stage"
-                             f"{'s' if q_stages > 1 else ''}); at most {fit} stages fit in "
+                             f"{q_bytes + stages * stage_bytes + (o_bytes if o_buffer else 0)} bytes of shared memory "
+                             f"(with {q_stages} Q stage{'s' if q_stages > 1 else ''}"
+                             f"{' and an O buffer' if o_buffer else ''}); at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
     if producer_registers is None:
         producer_registers = 24 if d == 256 and schedule != "serial" else 40
@@ -259,8 +273,8 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if producer_registers not in PRODUCER_REGISTERS:
         raise TensorMapError(f"Attention: producer_registers must be one of {PRODUCER_REGISTERS} (setmaxnreg takes "
                              f"multiples of 8; the consumers get the rest), got {producer_registers}")
-    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes, schedule, order, sweep, q_stages,
-                           producer_registers)
+    return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes + (o_bytes if o_buffer else 0), schedule, order,
+                           sweep, q_stages, producer_registers, o_buffer)
 
 
 def _padding(sk, bn):
@@ -373,7 +387,7 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 @kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
-                      producer_registers=40, softmax_mode="fused", negative=False):
+                      producer_registers=40, o_buffer=False, softmax_mode="fused", negative=False):
     """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
     and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
     ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
@@ -389,7 +403,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     release_done = wait_release(0)  # wait for every group, lane 0 releases the stage
     release_older = wait_release(1)  # wait for the older group (the newer runs on), release its stage
     q_release = store_release(0)  # the Q stage, once the epilogue's TMA stores have read it
-    out_tile = store_buffers(1)  # O's staging tile: the consumer's rows of the Q stage
+    out_tile = store_buffers(1)  # O's staging tile: the consumer's rows of the Q stage, or of its own tile
     queries_fastest = sweep == "queries"
     early_rescale = d == 128  # O's rescale under S's wgmma: +2.5% causal D = 128; -2..-4% at D = 256 (H100)
     chunks = d // CHUNK
@@ -399,11 +413,19 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     kv_elems = bn * d  # one K (or V) stage
     k_base = q_stages * q_elems
     v_base = k_base + stages * kv_elems
+    o_base = v_base + stages * kv_elems  # (o_buffer: O's staging tile, 128 x D)
 
     @cuda.jit(device=True, inline="always")
     def q_tile(smem, qs, w, c):
         """Consumer ``w``'s 64 rows, head-dim chunk ``c`` of Q stage ``qs`` (also its O staging tile)."""
         return shared_view(smem, qs * q_elems + (w * chunks + c) * box_q, (WG_ROWS, CHUNK))
+
+    @cuda.jit(device=True, inline="always")
+    def o_tile(smem, qs, w, c):
+        """Consumer ``w``'s O staging tile, head-dim chunk ``c``: in its own buffer, or Q stage ``qs``'s rows."""
+        if o_buffer:
+            return shared_view(smem, o_base + (w * chunks + c) * box_q, (WG_ROWS, CHUNK))
+        return q_tile(smem, qs, w, c)
 
     @cuda.jit(device=True, inline="always")
     def issue_qk(smem, q_map, k_map, qs, w, ks):
@@ -536,6 +558,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     o = wgmma_map(o, _scale_rows, f)
                     vs = vpipe.consumer_wait()
                     o = release_done(vpipe, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs), lane)
+                if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
+                    qpipe.consumer_release()
             else:  # S of block j is issued with P V of block j - 1; the softmax of j runs while P V does.
                 # Between an issue and its wait no instruction writes a register a later wgmma reads (P's
                 # fragments, O's rescaling come after the wait): else ptxas serializes every wgmma (C7513).
@@ -567,6 +591,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     if not early_rescale:
                         o = wgmma_map(o, _scale_rows, f)  # O (through block j - 1) to the maxima of block j
                     pf = wgmma_a_fragments(p, kind)
+                if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
+                    qpipe.consumer_release()
                 if early_rescale:
                     o = wgmma_map(o, _scale_rows, f)
                 vs = vpipe.consumer_wait()
@@ -585,13 +611,19 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                         lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
                     if row0 + 8 < sq:
                         lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
-            warpgroup_sync(w)  # every wgmma of this warpgroup has read its Q rows
+            if o_buffer:  # the previous item's store (issued an item ago) has read O's tile
+                out_tile.acquire(w, tw)
+            else:
+                warpgroup_sync(w)  # every wgmma of this warpgroup has read its Q rows
             for c in range(chunks):
-                wgmma_store(o, q_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
+                wgmma_store(o, o_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
             if out_tile.publish(w, tw):  # (fence.proxy.async, warpgroup_sync: thread 0 stores)
                 for c in range(chunks):
-                    tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), q_tile(smem, qs, w, c))
-                q_release(qpipe, 0)  # once the stores have read the Q stage, the producer may refill it
+                    tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), o_tile(smem, qs, w, c))
+                if o_buffer:
+                    bulk_commit_group()
+                else:
+                    q_release(qpipe, 0)  # once the stores have read the Q stage, the producer may refill it
         if take_turns:
             turn_finish(w, active)  # the other's last hand-over (balances its first)
         if tw == 0:
@@ -604,7 +636,9 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     @jit
     def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
-        qpipe = Pipeline(q_stages, 1, 2)  # full: the producer + Q's bytes; empty: one arrival per consumer warpgroup
+        # Q: full: the producer + Q's bytes; empty: one arrival per consumer warpgroup (after its epilogue's stores),
+        # or with o_buffer one per consumer warp (after the item's last Q Kᵀ)
+        qpipe = Pipeline(q_stages, 1, 8 if o_buffer else 2)
         kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
         vpipe = Pipeline(stages, 1, 8)
         grid_dependency_sync()
@@ -627,7 +661,8 @@ class Attention(Plan):
     """A planned attention forward (see the module docstring): ``o = softmax(q kᵀ · scale (+ mask)) v`` and
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
-    "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40) - :class:`AttentionConfig` says what
+    "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40), ``o_buffer`` (True, False; default:
+    where shared memory has room) - :class:`AttentionConfig` says what
     they do - ``autotune`` (True: the tile options are chosen by timing the default and :data:`TUNE_SPACE`'s
     configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning`` says what was
     measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
@@ -639,8 +674,8 @@ class Attention(Plan):
     settable = {"scale": None}
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
-                 schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, grid=None,
-                 autotune=False):
+                 schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, o_buffer=None,
+                 grid=None, autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -697,7 +732,8 @@ class Attention(Plan):
             return
         if bool_option(op, "autotune", autotune):
             given = {name: value for name, value in (("bn", bn), ("stages", stages), ("schedule", schedule),
-                                                     ("q_stages", q_stages), ("producer_registers", producer_registers))
+                                                     ("q_stages", q_stages), ("producer_registers", producer_registers),
+                                                     ("o_buffer", o_buffer))
                      if value is not None}
             if given:
                 raise TensorMapError(f"{op}: autotune=True chooses {', '.join(TILE_OPTIONS)}; got "
@@ -705,10 +741,11 @@ class Attention(Plan):
                                      f"other")
             self.tuning = _tuned(q, k, v, o, given_lse, self, d, dict(causal=self.causal, scale=self._scale,
                                  layout=layout, order=order, sweep=sweep, grid=grid))
-            bn, stages, schedule, q_stages, producer_registers = (self.tuning.best.get(name) for name in TILE_OPTIONS)
+            bn, stages, schedule, q_stages, producer_registers, o_buffer = (self.tuning.best.get(name)
+                                                                            for name in TILE_OPTIONS)
         self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
                                      q_stages=q_stages, producer_registers=producer_registers, causal=self.causal,
-                                     exact=self._softmax[0] == "exact", sk=sk)
+                                     exact=self._softmax[0] == "exact", sk=sk, o_buffer=o_buffer)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 
@@ -730,7 +767,7 @@ class Attention(Plan):
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
-                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers)
+                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer)
         self._use_kernel()
 
     def _use_kernel(self):
@@ -785,7 +822,7 @@ def _tuned(q, k, v, o, lse, plan, d, options):
     whose ``best`` is a dict of tile options."""
     b, hq, hk, sq, sk, _ = plan.shape
     mode = plan._softmax[0]
-    resolve = functools.partial(default_config, d, causal=options["causal"], exact=mode == "exact")
+    resolve = functools.partial(default_config, d, causal=options["causal"], exact=mode == "exact", sk=sk)
     configs, seen = [], set()
     for candidate in ({},) + TUNE_SPACE[d]:
         resolved = resolve(**candidate)

@@ -60,10 +60,18 @@ def test_tile_choice():
         cfg = default_config(d)
         assert cfg.smem_bytes <= _launch.SMEM_PER_BLOCK - 1024
         assert cfg.stages >= 2
-    assert default_config(128, bn=64, stages=2, q_stages=1).smem_bytes == 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2
-    assert default_config(128, bn=64, stages=2, q_stages=2).smem_bytes == 2 * 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2
+    kv = 2 * 2 * 64 * 128 * 2  # (two stages of 64-key K and V tiles)
+    assert default_config(128, bn=64, stages=2, q_stages=1, o_buffer=False).smem_bytes == 128 * 128 * 2 + kv
+    assert default_config(128, bn=64, stages=2, q_stages=2, o_buffer=False).smem_bytes == 2 * 128 * 128 * 2 + kv
+    assert default_config(128, bn=64, stages=2, q_stages=2).smem_bytes == 3 * 128 * 128 * 2 + kv  # (+ O's tile)
     with pytest.raises(TensorMapError, match=r"stages=3 with head dim 128 and bn=128 needs .* \(with 2 Q stages\)"):
         default_config(128, stages=3, q_stages=2)
+    with pytest.raises(TensorMapError, match=r"stages=3 with head dim 128 .* \(with 1 Q stage and an O buffer\)"):
+        default_config(128, stages=3, q_stages=1, o_buffer=True)
+    # O's own staging tile wherever it fits beside the default stages (D = 128 full, short sequences), not else
+    assert default_config(128).o_buffer and default_config(128, causal=True, sk=1024).o_buffer
+    assert not default_config(128, causal=True, sk=8192).o_buffer and not default_config(256).o_buffer
+    assert default_config(64, sk=1024).o_buffer and not default_config(64, sk=8192).o_buffer
 
 
 @pytest.mark.parametrize("change, message", [
@@ -212,6 +220,7 @@ def test_scale_beyond_float32_is_refused(bad):
     (dict(stages=0), "stages must be an int(?:eger)? in 1..64, got 0"),
     (dict(stages=2.5), "stages must be an int(?:eger)? in 1..64, got 2.5 \\(a float\\)"),
     (dict(q_stages=3), "q_stages must be an int(?:eger)? in 1..2, got 3"),
+    (dict(o_buffer="yes"), "o_buffer must be True or False, got 'yes'"),
     (dict(q_stages=np.float32(1)), "q_stages must be an int(?:eger)? in 1..2, got np.float32\\(1.0\\)|got 1.0"),
     (dict(grid=0), "grid must be an int(?:eger)? in 1..2147483647, got 0"),
     (dict(grid=True), "grid must be an int(?:eger)? in 1..2147483647, got True \\(a bool\\)"),

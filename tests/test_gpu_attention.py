@@ -74,7 +74,9 @@ def test_head_dims_and_lengths(d, causal, seq):
 TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule="pingpong"),
          dict(d=128, bn=176, producer_registers=32), dict(d=64, bn=192), dict(d=64, bn=160),
          dict(d=256, bn=64, schedule="overlap", producer_registers=24), dict(d=256, bn=80, schedule="serial"),
-         dict(d=256, bn=96, schedule="serial", producer_registers=24)]
+         dict(d=256, bn=96, schedule="serial", producer_registers=24),
+         dict(d=128, q_stages=2, o_buffer=False), dict(d=128, q_stages=1, o_buffer=True, schedule="serial"),
+         dict(d=64, bn=128, o_buffer=False), dict(d=256, bn=80, schedule="overlap", producer_registers=24)]
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))

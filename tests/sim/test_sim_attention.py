@@ -51,8 +51,15 @@ def test_a_wide_key_block():
 
 
 def test_one_q_stage():
-    """``q_stages=1``: each item's Q loads only after the previous item's epilogue released the stage."""
-    check(1, 3, 1, 100, 60, 64, False, "bhsd", 64, None, q_stages=1)
+    """``q_stages=1`` and O staged in the Q stage (``o_buffer=False``): each item's Q loads only after the previous
+    item's epilogue stores released the stage."""
+    check(1, 3, 1, 100, 60, 64, False, "bhsd", 64, None, q_stages=1, o_buffer=False)
+
+
+def test_own_o_buffer_one_q_stage():
+    """``o_buffer=True`` with one Q stage: Q's stage goes back after each item's last Q Kᵀ (eight warps arrive),
+    O goes out through its own tile, whose previous store each epilogue waits for."""
+    check(1, 3, 1, 100, 130, 64, True, "bhsd", 64, "serial", q_stages=1, o_buffer=True)
 
 
 SCALE_CASES = [  # (sq, sk, causal, schedule, scale, integer inputs): one key block (bn = 64) or two, every mode
