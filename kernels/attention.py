@@ -109,7 +109,6 @@ FUSED_MAX_SCALE = 1.0  # |scale| up to this: the fused softmax (the default); be
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 _STATIC_SMEM = 1024  # the pipelines' barriers (static shared memory)
-L2_BAND = 32 << 20  # bytes of K and V that the items running at once may share in L2 (H100: 50 MB, H200: 60 MB)
 SCHEDULES = ("serial", "overlap", "pingpong")
 ORDERS = ("snake", "cyclic")  # how a persistent CTA takes its items, round after round
 SWEEPS = ("heads", "queries")  # which index of the items varies fastest
@@ -362,33 +361,19 @@ def _work(lse, heads, sq, sk, bn):
 
 
 @cuda.jit(device=True, inline="always")
-def _item(t, heads, batch_heads, nmb, causal, queries_fastest, shift):
+def _item(t, heads, batch_heads, nmb, causal, queries_fastest):
     """(batch, head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
-    longest first); the query block fastest, or batch·head fastest within bands of ``2^shift`` (batch·)heads (a
-    power of two dividing batch·heads, sized by the host to fit L2): the items of one band all come before the
-    next band's, so the CTAs running at once read the K and V of a band's heads only. (One division, as before.)"""
+    longest first); batch·head fastest, or the query block fastest."""
     if queries_fastest:
         bh = t // nmb
         mb = t - bh * nmb
     else:
-        first = (t // nmb) >> shift << shift  # the band's first (batch·)head
-        r = t - first * nmb  # the item in the band: query block r >> shift, head r & (band - 1)
-        mb = r >> shift
-        bh = first + (r & ((1 << shift) - 1))
+        mb = t // batch_heads
+        bh = t - mb * batch_heads
     if causal:
         mb = nmb - 1 - mb
     b = bh // heads
     return b, bh - b * heads, mb * BM
-
-
-def _band(batch_heads, sk, d):
-    """The "heads" sweep's band: the largest power of two dividing ``batch_heads`` whose heads' K and V (``4 sk d``
-    bytes each) fit in ``L2_BAND`` bytes (at least 1)."""
-    fit = max(1, L2_BAND // (4 * sk * d))
-    band = batch_heads & -batch_heads  # (the largest power of two dividing it)
-    while band > fit:
-        band //= 2
-    return band
 
 
 def key_blocks(m0, nkb, bn, causal):
@@ -499,7 +484,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     def producer(args):
         """One elected thread walks this CTA's items: per key block the K and V tiles, the item's Q after its first
         K and V."""
-        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, shift, scale_log2 = args
+        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
         # (the work counts are computed in each role, after setmaxnreg: values live across it get spilled)
         batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
         if cuda.threadIdx.x < 32:
@@ -508,7 +493,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     t = persistent_item(r, snake)
                     if t >= total:  # (only in the last round)
                         break
-                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, shift)
+                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
                     hk = h // group
                     blocks = _key_blocks(m0, nkb, bn, causal)
                     for j in range(blocks):
@@ -537,7 +522,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     def consumer(w, args):
         """Consumer warpgroup ``w``: its 64 rows of each item - the key blocks in the ``schedule``, then the
         epilogue."""
-        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, shift, scale_log2 = args
+        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
         batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
         # The warpgroup index again, made here (after setmaxnreg and the work counts) and broadcast from lane 0
         # (shfl.sync.idx): ptxas then knows it is warp-uniform and keeps w, m0 + 64 w and the causal block test
@@ -557,7 +542,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             t = persistent_item(r, snake)
             if t >= total:
                 break
-            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, shift)
+            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
             blocks = _key_blocks(m0, nkb, bn, causal)
             row0 = m0 + WG_ROWS * w + row_in_wg
             m_a = m_start  # running maxima (scaled by scale·log2 e; "exact": raw extrema) of the thread's rows
@@ -651,7 +636,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
-    def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, shift, scale_log2):
+    def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         # Q: full: the producer + Q's bytes; empty: one arrival per consumer warpgroup (after its epilogue's stores),
         # or with o_buffer one per consumer warp (after the item's last Q Kᵀ)
@@ -659,7 +644,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
         vpipe = Pipeline(stages, 1, 8)
         grid_dependency_sync()
-        roles((smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, shift, scale_log2))
+        roles((smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2))
 
     return attention_kernel
 
@@ -777,7 +762,6 @@ class Attention(Plan):
         self.v_map = TensorMap(heads_major(v, lv), kv_box, swizzle=Swizzle.B128)
         self.o_map = TensorMap(heads_major(o, lo), q_box, swizzle=Swizzle.B128)
         self.items = bq * hq * ceil_div(sq, BM)
-        self.band = _band(bq * hq, sk, d)
         self._grid = grid
         self.block = 3 * WARPGROUP
         self.flops = 4.0 * bq * hq * sq * sk * d * (0.5 if self.causal else 1.0)
@@ -819,8 +803,7 @@ class Attention(Plan):
     @property
     def args(self):
         b, hq, hk, sq, sk, d = self.shape
-        return (self.q_map, self.k_map, self.v_map, self.o_map, self.lse, hq, hq // hk, sq, sk,
-                self.band.bit_length() - 1, self._softmax[2])
+        return (self.q_map, self.k_map, self.v_map, self.o_map, self.lse, hq, hq // hk, sq, sk, self._softmax[2])
 
     shared_mem = property(lambda self: self.config.smem_bytes)
 
