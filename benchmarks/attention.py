@@ -13,8 +13,9 @@ each after a 256 MiB L2-evicting memset, between CUDA events; the median per imp
 cases the GPU's clocks drift down as it heats, which would penalise whichever implementation ran last.) Every
 implementation's output is compared with torch's float32 SDPA before it is timed (FAIL printed, the run goes on).
 Writes attention.json / attention.md / attention.png (TFLOP/s vs sequence length) to $OUT (or next to this file).
-``tiles`` (not in the default sections): the tile configurations beyond the defaults (FA3's shapes: wider key
-blocks, the 240-register consumers) against the default and cuDNN at S = 8192 (and B4 S1024), each checked first;
+``tiles`` (not in the default sections): the options in TILE_OPTIONS (the last experiment's: o_buffer and
+q_stages; earlier runs: FA3's wider key blocks, the 240-register consumers, the sweep, pingpong) against the default
+and cuDNN on TILE_CASES, each checked first;
 ``--prewarm N`` compiles every kernel of the run in N processes first (into the on-disk cache).
 
 Targets (the issue's): head dim 128, S >= 4096: >= 0.90x cuDNN, >= 1.5x flash; head dims 64 and 256 >= 0.80x cuDNN.
@@ -40,7 +41,8 @@ SECTIONS = ("check", "seq", "variants")
 FA4_OVER_CUDNN = {(128, 8192, False): 1.084, (128, 8192, True): 1.195, (128, 16384, False): 1.100,
                   (128, 16384, True): 1.130, (64, 8192, False): 1.067, (256, 8192, False): 1.090,
                   (256, 8192, True): 1.211, (128, 1024, False): 0.963, (64, 2048, False): 1.01}
-# tiles: (d, causal, seq, batch) -> the options tried beside the default
+# tiles: (d, causal, seq, batch) -> the options tried beside the default (edit for the next experiment; the
+# results of each are in docs/attention.md and benchmarks/RESULTS.md)
 TILE_CASES = [(128, False, 8192, 1), (128, False, 1024, 4), (128, True, 1024, 4), (128, False, 512, 8),
               (128, True, 512, 8), (64, False, 512, 8), (64, True, 1024, 4), (64, False, 1024, 4)]
 TILE_OPTIONS = {
