@@ -14,9 +14,10 @@ Design (a persistent grid, one CTA per SM, 384 threads in three warpgroups, put 
 for the order, ``pingpong(2)`` for the turns, ``wait_release`` for the K/V stages, ``store_buffers(1)`` +
 ``store_release(0)`` for O's TMA stores and the Q stage):
 
-* **Work**: one item is 128 query rows of one (batch, head); causal items are ordered longest first (the rows
-  near the end of the sequence see the most keys), and the CTAs take them in snake order (round ``r``: CTA ``c``
-  takes item ``rG + c``, or ``rG + G - 1 - c`` in odd rounds), which balances the CTAs' total work.
+* **Work**: one item is 128 query rows of one (batch, head); full attention numbers the items query block first
+  (the CTAs running at once share few heads' K and V in L2); causal items are ordered longest first over all heads
+  (the rows near the end of the sequence see the most keys), and the CTAs take them in snake order (round ``r``:
+  CTA ``c`` takes item ``rG + c``, or ``rG + G - 1 - c`` in odd rounds), which balances the CTAs' total work.
 * **Producer** (warpgroup 0, ``setmaxnreg_dec``): one elected thread TMA-loads, per item, the Q tile (both
   consumers' 64 rows, ``D / 64`` boxes of 64 x 64 with the 128-byte swizzle) through a one-stage
   :class:`Pipeline`, and for every key block the K tile and the V tile (``D / 64`` boxes of ``bn`` x 64 each)
@@ -37,10 +38,12 @@ Scale: any finite value up to float32's largest - 0, negative, tiny, huge; the h
 from it (:func:`softmax_mode`: "fused", the default scale's, unchanged; "exact" for |scale| > 1; "zero"), and a
 plan's ``scale`` may be reassigned (the kernel follows its mode).
 
-Tile: ``bm = 128`` query rows, ``bn`` keys per block (:func:`default_config`: 192 for full D = 64, 128 for
-D = 128 and causal D = 64, 64 for D = 256; the ``bn`` option takes multiples of 16 up to 192, or 96 for
-D = 256 - the wider ones may spill registers: tests/test_attention_cpu.py pins the defaults to none). Shared memory: ``q_stages`` Q tiles of ``128 D`` (two for D = 64:
-the next item's Q loads while this one's epilogue runs) + ``2 stages bn D`` elements (two bytes each).
+Tile: ``bm = 128`` query rows, ``bn`` keys per block (:func:`default_config`, by head dim, mask and key length:
+192 for full D = 64 (128 where 192 pads), 128 for D = 128 and causal D = 64, 64 for D = 256 (80 for short full
+attention); the ``bn`` option takes multiples of 16 up to 192, or 96 for D = 256 - the wider ones may spill
+registers: tests/test_attention_cpu.py pins the defaults to none). Shared memory: ``q_stages`` Q tiles of
+``128 D`` (two at D = 64 and mostly at D = 128: the next item's Q loads while this one's epilogue runs) +
+``2 stages bn D`` elements (two bytes each) (+ ``128 D`` with ``o_buffer``).
 """
 from __future__ import annotations
 
