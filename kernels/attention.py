@@ -39,8 +39,8 @@ from it (:func:`softmax_mode`: "fused", the default scale's, unchanged; "exact" 
 plan's ``scale`` may be reassigned (the kernel follows its mode).
 
 Tile: ``bm = 128`` query rows, ``bn`` keys per block (:func:`default_config`, by head dim, mask and key length:
-192 for full D = 64 (128 where 192 pads), 128 for D = 128 and causal D = 64, 64 for D = 256 (80 for short full
-attention); the ``bn`` option takes multiples of 16 up to 192, or 96 for D = 256 - the wider ones may spill
+192 for full D = 64 (128 where 192 pads), 128 for D = 128 and causal D = 64, 80 for full and 64 for causal
+D = 256; the ``bn`` option takes multiples of 16 up to 192, or 96 for D = 256 - the wider ones may spill
 registers: tests/test_attention_cpu.py pins the defaults to none). Shared memory: ``q_stages`` Q tiles of
 ``128 D`` (two at D = 64 and mostly at D = 128: the next item's Q loads while this one's epilogue runs) +
 ``2 stages bn D`` elements (two bytes each) (+ ``128 D`` with ``o_buffer``).
@@ -211,12 +211,11 @@ PRODUCER_REGISTERS = (24, 32, 40)
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
                    producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None):
-    """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 64 for D = 256 (80 for full
-    attention over at most 1024 keys; S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for
-    D = 64 and for D = 128 but causal attention over more than 1024 keys, one otherwise (measured on an H100: two
-    Q stages +10% at D = 64 S = 1024, where 4 K/V stages still fit; at D = 128, where they leave room for 2 K/V
-    stages instead of 3, +2% full at S = 8192, +6-7% full and +1.5-6% causal at S <= 1024, -2% causal at
-    S = 8192); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the "overlap" schedule; the producer's register budget 24 for D = 256 overlapped (its consumers get
+    """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 80 for full D = 256 and 64
+    for causal D = 256 (S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64 and for
+    D = 128 but causal attention over more than 2048 keys, one otherwise (measured on an H100: two Q stages +10% at
+    D = 64 S = 1024, where 4 K/V stages still fit; at D = 128, where they leave room for 2 K/V stages instead of 3,
+    +2% full at S = 8192, +6-7% full and +1.5-6% causal at S <= 1024, +2.3% causal at 2048, -2% causal at 8192); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the "overlap" schedule; the producer's register budget 24 for D = 256 overlapped (its consumers get
     240: S, P and O fit without spilling, full and causal, every softmax mode), 40 otherwise; the snake order over
     items numbered (batch, head) first for causal attention, query block first otherwise (``sweep``). ``causal``:
     the plan's mask (the tile may depend on it); ``sk``: the key length, when known (full D = 64 takes 128-key blocks where 192 would pad the
@@ -233,7 +232,7 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     192."""
     if sweep is None:
         sweep = "heads" if causal else "queries"
-    short = sk is not None and sk <= 1024  # (a few key blocks per item: the per-item costs weigh more)
+    short = sk is not None and sk <= 2048  # (a few key blocks per item: the per-item costs weigh more)
     if schedule is None:  # (D = 256 overlapped holds S, P and O at once: only the 240-register consumers fit them)
         schedule = "overlap"
     for name, value, choices in (("schedule", schedule, SCHEDULES), ("order", order, ORDERS), ("sweep", sweep, SWEEPS)):
@@ -243,8 +242,8 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
             bn = 192 if not causal and (sk is None or _padding(sk, 192) <= 0.03) else 128
         elif d == 128:
             bn = 128
-        else:  # (80 keys: +4% at full S = 1024, -5% causal there)
-            bn = 80 if not causal and short else 64
+        else:  # (80 keys, full attention: +4% at S = 1024..4096, +6% at 8192, +7% at 16384; causal -2..-5%)
+            bn = 64 if causal else 80
     most = MAX_BN[d]  # S (bn / 2), P (bn / 4) and O (D / 2) live in the consumer's registers
     bn = int_option("Attention", "bn", bn, 16, most)
     if bn % 16:
@@ -252,7 +251,7 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
                              f"{d}, got {bn}")
     if q_stages is None:  # D = 128: two Q stages for full attention (+2% S = 8192, +6-7% S <= 1024), and for short
         # causal (+1.5-6% at S <= 1024, -2% at 8192)
-        q_stages = 2 if d == 64 or (d == 128 and bn <= 128 and (not causal or short)) else 1  # (bn <= 128: 2 K/V stages fit)
+        q_stages = 2 if d == 64 or (d == 128 and bn <= 128 and (not causal or short)) else 1  # (bn <= 128: 2 K/V fit)
     q_stages = int_option("Attention", "q_stages", q_stages, 1, 2)
     q_bytes = q_stages * BM * d * 2
     o_bytes = BM * d * 2  # (O's own staging tile, with o_buffer)

@@ -37,7 +37,7 @@ def arrays(b=2, hq=4, hk=4, sq=1000, sk=1000, d=128, layout="bhsd", dtype=np.flo
 
 def test_tile_choice():
     assert default_config(64).bn == 192 and default_config(64, causal=True).bn == 128  # (measured: --only tiles)
-    assert default_config(128).bn == 128 and default_config(128, causal=True).bn == 128 and default_config(256).bn == 64
+    assert default_config(128).bn == 128 and default_config(128, causal=True).bn == 128 and default_config(256).bn == 80
     assert default_config(128).schedule == "overlap" and default_config(256).schedule == "overlap"
     for causal, exact in ((True, False), (False, True), (True, True)):  # (no spill since the uniform warpgroup index)
         assert default_config(256, causal=causal, exact=exact).schedule == "overlap"
@@ -53,8 +53,9 @@ def test_tile_choice():
     assert default_config(128).q_stages == 2 and default_config(128).stages == 2  # (measured: --only tiles)
     assert default_config(128, causal=True, sk=8192).q_stages == 1 and default_config(128, causal=True).stages == 3
     assert default_config(128, causal=True, sk=1024).q_stages == 2 and default_config(128, bn=176).q_stages == 1
-    assert default_config(256, sk=1024).bn == 80 and default_config(256, sk=1025).bn == 64
-    assert default_config(256, sk=1024, causal=True).bn == 64
+    assert default_config(256, sk=1024).bn == 80 and default_config(256, sk=16384).bn == 80
+    assert default_config(256, sk=1024, causal=True).bn == 64 and default_config(256, causal=True).bn == 64
+    assert default_config(128, causal=True, sk=2048).q_stages == 2 and default_config(128, causal=True, sk=2049).q_stages == 1
     assert default_config(256).q_stages == 1 and default_config(256).stages == 2
     for d in (64, 128, 256):
         cfg = default_config(d)
