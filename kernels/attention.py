@@ -722,17 +722,14 @@ class Attention(Plan):
         self.dtype = lq.dtype
         self.o = o
         given_lse = lse
-        if lse is None:
-            lse = self.owned_output(functools.partial(_new_lse, q, (bq, hq, sq)))  # (new for every call)
-        else:
+        if lse is not None:
             ll = array_layout(lse)
             if ll.shape != (bq, hq, sq) or ll.dtype != np.float32:
                 raise TensorMapError(f"{op}: lse is a {ll.name}; it must be float32 with shape {(bq, hq, sq)} "
                                      f"(batch, heads, query rows).")
-        self.lse = lse
-        self._owns_lse = lse is not given_lse  # (allocated here: a cache hit of attention() makes a new one)
         self.tuning = None
         if bq * hq * sq == 0:
+            self._take_lse(q, lse)
             return
         if bool_option(op, "autotune", autotune):
             given = {name: value for name, value in (("bn", bn), ("stages", stages), ("schedule", schedule),
@@ -772,7 +769,14 @@ class Attention(Plan):
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
                                cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer)
+        self._take_lse(q, lse)  # (only now: an option refused above allocates nothing)
         self._use_kernel()
+
+    def _take_lse(self, q, lse):
+        """The plan's ``lse``: the one given, or a new one per call (:meth:`Plan.owned_output`)."""
+        b, hq, _, sq, _, _ = self.shape
+        self.lse = lse if lse is not None else self.owned_output(functools.partial(_new_lse, q, (b, hq, sq)))
+        self._owns_lse = lse is None  # (allocated here: a cache hit of attention() makes a new one)
 
     def _use_kernel(self):
         """The kernel of the configuration and the scale's :func:`softmax_mode` (through :meth:`Plan._update`, past

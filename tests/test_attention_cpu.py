@@ -3,6 +3,7 @@ kernel is made of, linked offline for sm_90a: every wgmma of a key block issued 
 the k-steps of QKᵀ or of PV), no local memory, ``setmaxnreg`` kept, TMA loads and stores; other targets refuse
 it naming wgmma."""
 import functools
+import importlib
 import re
 
 import numpy as np
@@ -16,6 +17,8 @@ from numbatma.kernels import Attention, _launch
 from numbatma.kernels.attention import LOG2E, MAX_REGISTERS, default_config, softmax_mode
 
 from fakes import FakeCudaArray
+
+attention_module = importlib.import_module("numbatma.kernels.attention")  # (the package exports a function so named)
 
 
 @pytest.fixture(autouse=True)
@@ -409,3 +412,20 @@ def test_autotune_off_or_refused(monkeypatch, tmp_path):
         Attention(*arrays(d=64), autotune=True, bn=64)
     with pytest.raises(TensorMapError, match="Attention: autotune must be True or False, got 'yes'"):
         Attention(*arrays(d=64), autotune="yes")
+
+
+def test_refused_option_allocates_no_lse(monkeypatch):
+    """The plan makes its own ``lse`` only once every option has been accepted: a refused one raises its own
+    message and allocates nothing (before, the allocation came first - on a machine without a GPU the user saw a
+    CUDA error instead of the rule)."""
+    made = []
+    monkeypatch.setattr(attention_module, "_new_lse",
+                        lambda q, shape: made.append(shape) or FakeCudaArray(shape, np.float32, ptr=1 << 42))
+    q, k, v, o, _ = arrays(d=128)
+    with pytest.raises(TensorMapError, match="bn"):
+        Attention(q, k, v, o, bn=7)
+    with pytest.raises(TensorMapError, match="stages=9"):
+        Attention(q, k, v, o, stages=9)
+    assert made == []
+    plan = Attention(q, k, v, o)
+    assert made == [(2, 4, 1000)] and plan.owned_outputs == (plan.lse,)
