@@ -561,22 +561,19 @@ class Attention(Plan):
         if bq * hq * sq == 0:
             self._take_lse(q, lse)
             return
+        tile = dict(bn=bn, stages=stages, schedule=schedule, q_stages=q_stages,  # (TILE_OPTIONS, in its order)
+                    producer_registers=producer_registers, o_buffer=o_buffer)
         if bool_option(op, "autotune", autotune):
-            given = {name: value for name, value in (("bn", bn), ("stages", stages), ("schedule", schedule),
-                                                     ("q_stages", q_stages), ("producer_registers", producer_registers),
-                                                     ("o_buffer", o_buffer))
-                     if value is not None}
+            given = {name: value for name, value in tile.items() if value is not None}
             if given:
                 raise TensorMapError(f"{op}: autotune=True chooses {', '.join(TILE_OPTIONS)}; got "
                                      f"{', '.join(f'{k}={v!r}' for k, v in given.items())} as well - pass one or the "
                                      f"other")
             self.tuning = _tuned(q, k, v, o, given_lse, self, d, dict(causal=self.causal, scale=self._scale,
                                  layout=layout, order=order, sweep=sweep, grid=grid))
-            bn, stages, schedule, q_stages, producer_registers, o_buffer = (self.tuning.best.get(name)
-                                                                            for name in TILE_OPTIONS)
-        self.config = default_config(d, bn=bn, stages=stages, schedule=schedule, order=order, sweep=sweep,
-                                     q_stages=q_stages, producer_registers=producer_registers, causal=self.causal,
-                                     exact=self._softmax[0] == "exact", sk=sk, o_buffer=o_buffer)
+            tile = {name: self.tuning.best.get(name) for name in TILE_OPTIONS}
+        self.config = default_config(d, **tile, order=order, sweep=sweep, causal=self.causal,
+                                     exact=self._softmax[0] == "exact", sk=sk)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
 

@@ -429,3 +429,14 @@ def test_refused_option_allocates_no_lse(monkeypatch):
     assert made == []
     plan = Attention(q, k, v, o)
     assert made == [(2, 4, 1000)] and plan.owned_outputs == (plan.lse,)
+
+
+def test_tile_options_are_attention_options():
+    """``TILE_OPTIONS`` (what autotune chooses, the order of its message) names keyword options of ``Attention`` and
+    of ``default_config``: the plan builds its tile dict from them by name."""
+    import inspect
+
+    from numbatma.kernels.attention import TILE_OPTIONS
+
+    for function in (Attention.__init__, default_config):
+        assert set(TILE_OPTIONS) <= set(inspect.signature(function).parameters)
