@@ -313,6 +313,39 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     @cuda.jit(device=True, inline="always")
+    def finish_item(o, state, b, h, m0, qs, w, tw, lane, row0, smem, qpipe, o_map, lse, sq, scale_log2):
+        """The epilogue of consumer ``w``'s rows of item (``b``, ``h``, ``m0``), every product of it completed:
+        ``O / l``, the log-sum-exp of its rows, O through its staging tile (the rows of Q stage ``qs``, or its own
+        tile with ``o_buffer``) and TMA stores; without ``o_buffer``, the Q stage goes back once they have read it."""
+        m_a, m_b, l_a, l_b = state
+        # normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
+        o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
+        if lane % 4 == 0:
+            if exact:  # M · scale + ln l: M · scale is ±inf only where the true lse is beyond float32
+                if row0 < sq:
+                    lse[b, h, row0] = m_a * scale_log2 + math.log2(l_a) * LN2_F32
+                if row0 + 8 < sq:
+                    lse[b, h, row0 + 8] = m_b * scale_log2 + math.log2(l_b) * LN2_F32
+            else:
+                if row0 < sq:
+                    lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
+                if row0 + 8 < sq:
+                    lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
+        if o_buffer:  # the previous item's store (issued an item ago) has read O's tile
+            out_tile.acquire(w, tw)
+        else:
+            warpgroup_sync(w)  # every wgmma of this warpgroup has read its Q rows
+        for c in range(chunks):
+            wgmma_store(o, o_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
+        if out_tile.publish(w, tw):  # (fence.proxy.async, warpgroup_sync: thread 0 stores)
+            for c in range(chunks):
+                tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), o_tile(smem, qs, w, c))
+            if o_buffer:
+                bulk_commit_group()
+            else:
+                q_release(qpipe, 0)  # once the stores have read the Q stage, the producer may refill it
+
+    @cuda.jit(device=True, inline="always")
     def producer(args):
         """One elected thread walks this CTA's items: per key block the K and V tiles, the item's Q after its first
         K and V."""
@@ -351,6 +384,17 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
 
 
     @cuda.jit(device=True, inline="always")
+    def consumer_lanes(w):
+        """(w, the thread's index in its warpgroup, its lane, its first row in the warpgroup's 64 - its second is
+        8 below). ``w`` is made again from ``threadIdx.x`` and broadcast from lane 0 (but with pingpong): see
+        :func:`consumer`."""
+        if not take_turns:
+            w = cuda.shfl_sync(0xFFFFFFFF, cuda.threadIdx.x // WARPGROUP, 0) - 1
+        tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
+        lane = cuda.threadIdx.x % 32
+        return w, tw, lane, 16 * (tw // 32) + lane // 4
+
+    @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: its 64 rows of each item - the key blocks in the ``schedule``, then the
         epilogue."""
@@ -362,11 +406,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         # setmaxnreg: with it the causal D = 256 overlapped kernel (240 registers) spilled it and row_in_wg to
         # local memory. (Made before the work counts, or w broadcast as passed, it spills again: the SASS tests
         # pin it. Not with pingpong: its D = 256 kernels spill more with it.)
-        if not take_turns:
-            w = cuda.shfl_sync(0xFFFFFFFF, cuda.threadIdx.x // WARPGROUP, 0) - 1
-        tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
-        lane = cuda.threadIdx.x % 32
-        row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row (its second: + 8)
+        w, tw, lane, row_in_wg = consumer_lanes(w)
         active = cuda.blockIdx.x < total
         if take_turns:
             turn_start(w, active)  # consumer 0 issues first
@@ -431,33 +471,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     o = wgmma_map(o, _scale_rows, f)
                 vs = vpipe.consumer_wait()
                 o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
-            m_a, m_b, l_a, l_b = state
-            # epilogue: normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
-            o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
-            if lane % 4 == 0:
-                if exact:  # M · scale + ln l: M · scale is ±inf only where the true lse is beyond float32
-                    if row0 < sq:
-                        lse[b, h, row0] = m_a * scale_log2 + math.log2(l_a) * LN2_F32
-                    if row0 + 8 < sq:
-                        lse[b, h, row0 + 8] = m_b * scale_log2 + math.log2(l_b) * LN2_F32
-                else:
-                    if row0 < sq:
-                        lse[b, h, row0] = (m_a + math.log2(l_a)) * LN2_F32
-                    if row0 + 8 < sq:
-                        lse[b, h, row0 + 8] = (m_b + math.log2(l_b)) * LN2_F32
-            if o_buffer:  # the previous item's store (issued an item ago) has read O's tile
-                out_tile.acquire(w, tw)
-            else:
-                warpgroup_sync(w)  # every wgmma of this warpgroup has read its Q rows
-            for c in range(chunks):
-                wgmma_store(o, o_tile(smem, qs, w, c), o_map, 0, CHUNK * c)
-            if out_tile.publish(w, tw):  # (fence.proxy.async, warpgroup_sync: thread 0 stores)
-                for c in range(chunks):
-                    tma_store(o_map, (b, h, m0 + WG_ROWS * w, CHUNK * c), o_tile(smem, qs, w, c))
-                if o_buffer:
-                    bulk_commit_group()
-                else:
-                    q_release(qpipe, 0)  # once the stores have read the Q stage, the producer may refill it
+            finish_item(o, state, b, h, m0, qs, w, tw, lane, row0, smem, qpipe, o_map, lse, sq, scale_log2)
         if take_turns:
             turn_finish(w, active)  # the other's last hand-over (balances its first)
         if tw == 0:
