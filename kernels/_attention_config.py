@@ -64,7 +64,12 @@ class AttentionConfig:
     the epilogue's stores have read it), and no consumer thread waits for a store in the epilogue: the previous
     item's store, one item ago, is all that the next staging waits for. Off by default: on an H100 it measured
     within 1% of the Q-stage staging at D = 64 and 128 (S = 512 to 8192, full and causal) - the stores' waits were
-    not what short sequences lose time on."""
+    not what short sequences lose time on.
+
+    ``carry``: the "overlap" pipeline carried from one item to the next: the next item's first ``Q Kᵀ`` is issued
+    with this item's last ``P V`` and its first softmax runs under it, then this item's epilogue - an item costs
+    its key blocks, without a pipeline start and drain of its own. Needs the "overlap" schedule, two K/V
+    ``stages`` and the next item's Q beside this one's (``q_stages = 2``, or ``o_buffer``)."""
 
     bn: int
     stages: int
@@ -75,6 +80,7 @@ class AttentionConfig:
     q_stages: int = 1
     producer_registers: int = 40
     o_buffer: bool = False
+    carry: bool = False
 
     @property
     def budget(self):
@@ -125,13 +131,13 @@ TUNE_SPACE = {
     256: (dict(schedule="overlap", producer_registers=24), dict(schedule="serial", producer_registers=40),
           dict(bn=96, schedule="serial", producer_registers=24)),
 }
-TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer")
+TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer", "carry")
 MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
 PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
-                   producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None):
+                   producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None, carry=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 80 for full D = 256 and 64
     for causal D = 256 (S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64 and for
     D = 128 but causal attention over more than 2048 keys, one otherwise (measured on an H100: two Q stages +10% at
@@ -198,8 +204,16 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if producer_registers not in PRODUCER_REGISTERS:
         raise TensorMapError(f"Attention: producer_registers must be one of {PRODUCER_REGISTERS} (setmaxnreg takes "
                              f"multiples of 8; the consumers get the rest), got {producer_registers}")
+    if carry is None:
+        carry = False
+    carry = bool_option("Attention", "carry", carry)
+    if carry and (schedule != "overlap" or stages < 2 or (q_stages < 2 and not o_buffer)):
+        raise TensorMapError(f"Attention: carry=True (the pipeline carried across items) needs schedule='overlap', "
+                             f"at least 2 stages and the next item's Q beside this one's (q_stages=2 or "
+                             f"o_buffer=True); got schedule={schedule!r}, stages={stages}, q_stages={q_stages}, "
+                             f"o_buffer={o_buffer}")
     return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes + (o_bytes if o_buffer else 0), schedule, order,
-                           sweep, q_stages, producer_registers, o_buffer)
+                           sweep, q_stages, producer_registers, o_buffer, carry)
 
 
 def _padding(sk, bn):

@@ -221,7 +221,7 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 @kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
-                      producer_registers=40, o_buffer=False, softmax_mode="fused", negative=False):
+                      producer_registers=40, o_buffer=False, carry=False, softmax_mode="fused", negative=False):
     """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
     and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
     ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
@@ -477,8 +477,79 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         if tw == 0:
             bulk_wait_group(0)
 
+    @cuda.jit(device=True, inline="always")
+    def consumer_carried(w, args):
+        """Consumer warpgroup ``w`` with the "overlap" pipeline carried across its items (``carry``): the first
+        ``Q Kᵀ`` of the next item is issued together with the last ``P V`` of this one, and the next item's first
+        softmax runs while that ``P V`` does; this item's epilogue follows. An item then costs its key blocks
+        only, not a pipeline start and drain besides. Needs the next item's Q in shared memory before this one's
+        epilogue frees its stage (``q_stages = 2``, or ``o_buffer``: Q's stage goes back after the item's last
+        ``Q Kᵀ``) and a second V stage (the next item's first V loads before this one's last is released)."""
+        smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
+        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        w, tw, lane, row_in_wg = consumer_lanes(w)
+        fresh = (m_start, m_start, ZERO, ZERO)  # an item's running (m_a, m_b, l_a, l_b) before its first block
+        t = persistent_item(0, snake)
+        if t < total:
+            # the first item's first block: nothing to overlap it with
+            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+            blocks = _key_blocks(m0, nkb, bn, causal)
+            row0 = m0 + WG_ROWS * w + row_in_wg
+            qs = qpipe.consumer_wait()
+            ks = kpipe.consumer_wait()
+            sacc = release_done(kpipe, issue_qk(smem, q_map, k_map, qs, w, ks), lane)
+            if o_buffer and blocks == 1 and lane == 0:  # (the item's last Q Kᵀ: Q's stage goes back)
+                qpipe.consumer_release()
+            p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, fresh)
+            pf = wgmma_a_fragments(p, kind)
+            o = wgmma_zeros(d)
+            item = (b, h, m0, qs, row0)  # the item O accumulates: its epilogue comes after its last P V
+            first = 1
+            for r in range(rounds):
+                if r > 0:  # the next item: its Q, its blocks from the first
+                    t = persistent_item(r, snake)
+                    if t >= total:
+                        break
+                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+                    blocks = _key_blocks(m0, nkb, bn, causal)
+                    row0 = m0 + WG_ROWS * w + row_in_wg
+                    qs = qpipe.consumer_wait()
+                for j in range(first, blocks):
+                    # S of block j (of this item) issued with P V of the block before (of the item O holds)
+                    ks = kpipe.consumer_wait()
+                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
+                    if early_rescale:
+                        o = wgmma_map(o, _scale_rows, f)
+                    vs = vpipe.consumer_wait()
+                    o = issue_pv(o, pf, smem, v_map, vs)
+                    sacc = release_older(kpipe, sacc, lane)
+                    if o_buffer and j == blocks - 1 and lane == 0:
+                        qpipe.consumer_release()
+                    p, f, nstate = softmax(sacc, j, sk, m0, w, row0, scale_log2, fresh if j == 0 else state)
+                    o = release_done(vpipe, o, lane)
+                    if j == 0:  # O holds the previous item, complete: its epilogue, then this item's O
+                        pb, ph, pm0, pqs, prow0 = item
+                        finish_item(o, state, pb, ph, pm0, pqs, w, tw, lane, prow0, smem, qpipe, o_map, lse, sq,
+                                    scale_log2)
+                        o = wgmma_zeros(d)
+                        item = (b, h, m0, qs, row0)
+                    state = nstate
+                    if not early_rescale:
+                        o = wgmma_map(o, _scale_rows, f)
+                    pf = wgmma_a_fragments(p, kind)
+                first = 0
+            # the last item's last P V and its epilogue
+            if early_rescale:
+                o = wgmma_map(o, _scale_rows, f)
+            vs = vpipe.consumer_wait()
+            o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
+            pb, ph, pm0, pqs, prow0 = item
+            finish_item(o, state, pb, ph, pm0, pqs, w, tw, lane, prow0, smem, qpipe, o_map, lse, sq, scale_log2)
+        if tw == 0:
+            bulk_wait_group(0)
+
     budget = register_budget(2, producer=producer_registers)
-    roles = warp_specialize(budget, producer, consumer)
+    roles = warp_specialize(budget, producer, consumer_carried if carry else consumer)
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
@@ -510,7 +581,7 @@ class Attention(Plan):
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
     "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40), ``o_buffer`` (True, False; default
-    False) - :class:`AttentionConfig` says what
+    False), ``carry`` (True, False) - :class:`AttentionConfig` says what
     they do - ``autotune`` (True: the tile options are chosen by timing the default and :data:`TUNE_SPACE`'s
     configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning`` says what was
     measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
@@ -523,7 +594,7 @@ class Attention(Plan):
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
                  schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, o_buffer=None,
-                 grid=None, autotune=False):
+                 carry=None, grid=None, autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -576,7 +647,7 @@ class Attention(Plan):
             self._take_lse(q, lse)
             return
         tile = dict(bn=bn, stages=stages, schedule=schedule, q_stages=q_stages,  # (TILE_OPTIONS, in its order)
-                    producer_registers=producer_registers, o_buffer=o_buffer)
+                    producer_registers=producer_registers, o_buffer=o_buffer, carry=carry)
         if bool_option(op, "autotune", autotune):
             given = {name: value for name, value in tile.items() if value is not None}
             if given:
@@ -609,7 +680,7 @@ class Attention(Plan):
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
-                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer)
+                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer, cfg.carry)
         self._take_lse(q, lse)  # (only now: an option refused above allocates nothing)
         self._use_kernel()
 

@@ -76,7 +76,9 @@ TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule=
          dict(d=256, bn=64, schedule="overlap", producer_registers=24), dict(d=256, bn=80, schedule="serial"),
          dict(d=256, bn=96, schedule="serial", producer_registers=24),
          dict(d=128, q_stages=2, o_buffer=False), dict(d=128, q_stages=1, o_buffer=True, schedule="serial"),
-         dict(d=64, bn=128, o_buffer=False), dict(d=256, bn=80, schedule="overlap", producer_registers=24)]
+         dict(d=64, bn=128, o_buffer=False), dict(d=256, bn=80, schedule="overlap", producer_registers=24),
+         dict(d=128, carry=True), dict(d=128, carry=False), dict(d=64, carry=True), dict(d=64, bn=192, carry=True),
+         dict(d=128, q_stages=1, o_buffer=True, stages=2, carry=True), dict(d=64, q_stages=2, o_buffer=True, carry=True)]
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
@@ -88,13 +90,15 @@ def test_tile_configurations(tile, causal, sq, sk):
     run_case(1, 4, 2, sq, sk, d, causal, **options)
 
 
+@pytest.mark.parametrize("carry", [False, True], ids=["per-item", "carried"])
 @pytest.mark.parametrize("order", ["snake", "cyclic"])
 @pytest.mark.parametrize("sweep", ["heads", "queries"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_item_orders(order, sweep, causal):
+def test_item_orders(order, sweep, causal, carry):
     """Every persistent order and item numbering computes each item once: a grid of 3 CTAs over 3 x 3 heads x 5
-    query blocks (45 items, 15 rounds, the last one partial), two Q stages wrapping around."""
-    run_case(3, 3, 1, 600, 500, 64, causal, order=order, sweep=sweep, grid=3, q_stages=2)
+    query blocks (45 items, 15 rounds, the last one partial), two Q stages wrapping around; the pipeline started
+    per item or carried from one item to the next (causal: items of 1 to 4 key blocks follow each other)."""
+    run_case(3, 3, 1, 600, 500, 64, causal, order=order, sweep=sweep, grid=3, q_stages=2, carry=carry)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
