@@ -504,9 +504,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             pf = wgmma_a_fragments(p, kind)
             o = wgmma_zeros(d)
             item = (b, h, m0, qs, row0)  # the item O accumulates: its epilogue comes after its last P V
-            first = 1
             for r in range(rounds):
-                if r > 0:  # the next item: its Q, its blocks from the first
+                if r > 0:  # the next item: its first block's S issued with the last P V of the item O holds
                     t = persistent_item(r, snake)
                     if t >= total:
                         break
@@ -514,8 +513,25 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     blocks = _key_blocks(m0, nkb, bn, causal)
                     row0 = m0 + WG_ROWS * w + row_in_wg
                     qs = qpipe.consumer_wait()
-                for j in range(first, blocks):
-                    # S of block j (of this item) issued with P V of the block before (of the item O holds)
+                    ks = kpipe.consumer_wait()
+                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
+                    if early_rescale:
+                        o = wgmma_map(o, _scale_rows, f)
+                    vs = vpipe.consumer_wait()
+                    o = issue_pv(o, pf, smem, v_map, vs)
+                    sacc = release_older(kpipe, sacc, lane)
+                    if o_buffer and blocks == 1 and lane == 0:
+                        qpipe.consumer_release()
+                    p, f, nstate = softmax(sacc, 0, sk, m0, w, row0, scale_log2, fresh)
+                    o = release_done(vpipe, o, lane)
+                    pf = wgmma_a_fragments(p, kind)  # (P packed before the epilogue: half the registers)
+                    pb, ph, pm0, pqs, prow0 = item  # O holds the previous item, complete: its epilogue
+                    finish_item(o, state, pb, ph, pm0, pqs, w, tw, lane, prow0, smem, qpipe, o_map, lse, sq,
+                                scale_log2)
+                    o = wgmma_zeros(d)  # (block 0's factor f, 0, keeps it so)
+                    item = (b, h, m0, qs, row0)
+                    state = nstate
+                for j in range(1, blocks):  # the key blocks after the first: as in the per-item pipeline
                     ks = kpipe.consumer_wait()
                     sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
                     if early_rescale:
@@ -525,19 +541,11 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     sacc = release_older(kpipe, sacc, lane)
                     if o_buffer and j == blocks - 1 and lane == 0:
                         qpipe.consumer_release()
-                    p, f, nstate = softmax(sacc, j, sk, m0, w, row0, scale_log2, fresh if j == 0 else state)
+                    p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
-                    if j == 0:  # O holds the previous item, complete: its epilogue, then this item's O
-                        pb, ph, pm0, pqs, prow0 = item
-                        finish_item(o, state, pb, ph, pm0, pqs, w, tw, lane, prow0, smem, qpipe, o_map, lse, sq,
-                                    scale_log2)
-                        o = wgmma_zeros(d)
-                        item = (b, h, m0, qs, row0)
-                    state = nstate
                     if not early_rescale:
                         o = wgmma_map(o, _scale_rows, f)
                     pf = wgmma_a_fragments(p, kind)
-                first = 0
             # the last item's last P V and its epilogue
             if early_rescale:
                 o = wgmma_map(o, _scale_rows, f)
