@@ -113,11 +113,11 @@ def operand_layout(op, tile_shape, tile_itemsize, desc, major):
     if any(b != 1 for b in desc.shared_shape[:-2]):
         op(f"the TensorMap's box {desc.box} must be 2-D (leading extents 1)")
     shape = tuple(tile_shape)
-    if len(shape) == 2 and shape[1] == width and shape[0] % rows == 0:
-        rows = shape[0]  # boxes stacked along the rows: one uniformly strided operand
-    elif shape[-2:] != box or len(shape) not in (2, 3):
+    if len(shape) in (2, 3) and shape[-1] == width and shape[-2] % rows == 0:
+        rows = shape[-2]  # boxes stacked along the rows (in each group): one uniformly strided operand per group
+    else:
         op(f"the tile {shape} must be one box {box} of the TensorMap, boxes stacked along the rows "
-           f"({rows} * i, {width}), or boxes side by side (groups, {rows}, {width})")
+           f"({rows} * i, {width}), or groups of them side by side (groups, {rows} * i, {width})")
     if tile_itemsize != desc.itemsize:
         op("the tile's element size differs from the TensorMap's")
     groups = shape[0] if len(shape) == 3 else 1

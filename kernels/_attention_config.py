@@ -69,7 +69,11 @@ class AttentionConfig:
     ``carry``: the "overlap" pipeline carried from one item to the next: the next item's first ``Q Kᵀ`` is issued
     with this item's last ``P V`` and its first softmax runs under it, then this item's epilogue - an item costs
     its key blocks, without a pipeline start and drain of its own. Needs the "overlap" schedule, two K/V
-    ``stages`` and the next item's Q beside this one's (``q_stages = 2``, or ``o_buffer``)."""
+    ``stages`` and the next item's Q beside this one's (``q_stages = 2``, or ``o_buffer``).
+
+    ``cluster_m``: 2 runs the CTAs in clusters of two that take neighbouring query blocks of one head (full
+    attention only: both see every key block): each CTA TMA-loads half of every K and V tile and multicasts it
+    into both, so each K/V byte leaves L2 once per pair (FA3's cluster for full attention at D >= 128)."""
 
     bn: int
     stages: int
@@ -81,6 +85,7 @@ class AttentionConfig:
     producer_registers: int = 40
     o_buffer: bool = False
     carry: bool = False
+    cluster_m: int = 1
 
     @property
     def budget(self):
@@ -131,13 +136,14 @@ TUNE_SPACE = {
     256: (dict(schedule="overlap", producer_registers=24), dict(schedule="serial", producer_registers=40),
           dict(bn=96, schedule="serial", producer_registers=24)),
 }
-TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer", "carry")
+TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer", "carry", "cluster_m")
 MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
 PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
-                   producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None, carry=None):
+                   producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None, carry=None,
+                   cluster_m=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 80 for full D = 256 and 64
     for causal D = 256 (S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64 and for
     D = 128 but causal attention over more than 2048 keys, one otherwise (measured on an H100: two Q stages +10% at
@@ -212,8 +218,14 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
                              f"at least 2 stages and the next item's Q beside this one's (q_stages=2 or "
                              f"o_buffer=True); got schedule={schedule!r}, stages={stages}, q_stages={q_stages}, "
                              f"o_buffer={o_buffer}")
+    if cluster_m is None:
+        cluster_m = 1
+    cluster_m = int_option("Attention", "cluster_m", cluster_m, 1, 2)
+    if cluster_m == 2 and causal:
+        raise TensorMapError("Attention: cluster_m=2 (pairs of CTAs sharing K and V by multicast) is for full "
+                             "attention: the causal mask gives neighbouring query blocks different key blocks")
     return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes + (o_bytes if o_buffer else 0), schedule, order,
-                           sweep, q_stages, producer_registers, o_buffer, carry)
+                           sweep, q_stages, producer_registers, o_buffer, carry, cluster_m)
 
 
 def _padding(sk, bn):

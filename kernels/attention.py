@@ -53,13 +53,15 @@ import math
 import numpy as np
 from numba import cuda
 
-from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
+from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout, cluster_kernel, max_active_clusters
 from numbatma.autotune import bucket, tune
 from numbatma.views import ArrayLayout, layout_view
 from numbatma.intrinsics import (
     Pipeline,
     bulk_commit_group,
     bulk_wait_group,
+    cluster_ctarank,
+    cluster_sync,
     elect_one_sync,
     fast_exp2,
     persistent_item,
@@ -184,18 +186,22 @@ def _scale_rows(o, half, col, f):
 
 
 @cuda.jit(device=True, inline="always")
-def _work(lse, heads, sq, sk, bn):
-    """(batch·heads, query blocks per head, key blocks, items, rounds of the persistent loop)."""
+def _work(lse, heads, sq, sk, bn, cm):
+    """(batch·heads, units of query blocks per head, key blocks, units, rounds of the persistent loop). A unit is
+    one query block (``cm = 1``) or the ``cm`` query blocks of a cluster's CTAs (``cm = 2``: the last one of a
+    head past the rows when their number is odd - computed on zeros, never stored)."""
     batch_heads = lse.shape[0] * heads
-    nmb = (sq + BM - 1) // BM
+    nmb = ((sq + BM - 1) // BM + cm - 1) // cm
     total = batch_heads * nmb
-    return batch_heads, nmb, (sk + bn - 1) // bn, total, (total + cuda.gridDim.x - 1) // cuda.gridDim.x
+    groups = cuda.gridDim.x // cm
+    return batch_heads, nmb, (sk + bn - 1) // bn, total, (total + groups - 1) // groups
 
 
 @cuda.jit(device=True, inline="always")
-def _item(t, heads, batch_heads, nmb, causal, queries_fastest):
-    """(batch, head, first query row) of work item ``t``: query blocks in decreasing order when causal (the
-    longest first); batch·head fastest, or the query block fastest."""
+def _item(t, heads, batch_heads, nmb, causal, queries_fastest, cm):
+    """(batch, head, first query row) of work unit ``t`` (for this CTA of its cluster: query block ``cm u +
+    rank``): query blocks in decreasing order when causal (the longest first); batch·head fastest, or the query
+    block fastest."""
     if queries_fastest:
         bh = t // nmb
         mb = t - bh * nmb
@@ -204,8 +210,22 @@ def _item(t, heads, batch_heads, nmb, causal, queries_fastest):
         bh = t - mb * batch_heads
     if causal:
         mb = nmb - 1 - mb
+    if cm > 1:
+        mb = mb * cm + cluster_ctarank()
     b = bh // heads
     return b, bh - b * heads, mb * BM
+
+
+@cuda.jit(device=True, inline="always")
+def _unit(r, snake, cm):
+    """The unit this CTA takes in round ``r``: :func:`persistent_item` over CTAs (``cm = 1``) or clusters."""
+    if cm == 1:
+        return persistent_item(r, snake)
+    g = cuda.gridDim.x // cm
+    c = cuda.blockIdx.x // cm
+    if snake and r % 2 == 1:
+        return r * g + g - 1 - c
+    return r * g + c
 
 
 def key_blocks(m0, nkb, bn, causal):
@@ -221,7 +241,8 @@ _key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
 
 @kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
-                      producer_registers=40, o_buffer=False, carry=False, softmax_mode="fused", negative=False):
+                      producer_registers=40, o_buffer=False, carry=False, cluster_m=1, softmax_mode="fused",
+                      negative=False):
     """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
     and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
     ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
@@ -234,15 +255,24 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     take_turns = schedule == "pingpong"
     snake = order == "snake"
     turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)  # named barriers 3, 4 (1, 2: warpgroup_sync)
-    release_done = wait_release(0)  # wait for every group, lane 0 releases the stage
-    release_older = wait_release(1)  # wait for the older group (the newer runs on), release its stage
+    if cluster_m == 2:
+        @cuda.jit(device=True, inline="always")
+        def release_kv(pipe):
+            """A K or V stage back to the producers of both CTAs of the cluster (each multicasts half into it)."""
+            pipe.consumer_release_remote(cluster_ctarank() ^ 1)
+            pipe.consumer_release()
+    else:
+        release_kv = None  # (pipe.consumer_release())
+    release_done = wait_release(0, release_kv)  # wait for every group, lane 0 releases the stage
+    release_older = wait_release(1, release_kv)  # wait for the older group (the newer runs on), release its stage
     q_release = store_release(0)  # the Q stage, once the epilogue's TMA stores have read it
     out_tile = store_buffers(1)  # O's staging tile: the consumer's rows of the Q stage, or of its own tile
     queries_fastest = sweep == "queries"
     early_rescale = d == 128  # O's rescale under S's wgmma: +2.5% causal D = 128; -2..-4% at D = 256 (H100)
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
-    box_kv = bn * CHUNK  # elements of one K or V box (bn x 64)
+    box_kv = bn * CHUNK  # elements of one K or V chunk (bn x 64)
+    half = bn // cluster_m  # key rows of a K or V box: with a cluster each CTA loads its half, multicast to both
     q_elems = BM * d  # one Q stage
     kv_elems = bn * d  # one K (or V) stage
     k_base = q_stages * q_elems
@@ -345,32 +375,44 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             else:
                 q_release(qpipe, 0)  # once the stores have read the Q stage, the producer may refill it
 
+    if cluster_m == 2:
+        @cuda.jit(device=True, inline="always")
+        def load_kv(pipe, smem, base, kv_map, b, hk, j):
+            """This CTA's half of key block ``j``'s K (or V) tile - its ``bn / 2`` rows of every 64-wide chunk -
+            multicast into the same stage of both CTAs of the cluster (whose full barriers expect the whole tile)."""
+            r = cluster_ctarank()
+            for c in range(chunks):
+                pipe.load_multicast(shared_view(smem, base + c * box_kv + r * half * CHUNK, (half, CHUNK)), kv_map,
+                                    (b, hk, j * bn + r * half, CHUNK * c), 3)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def load_kv(pipe, smem, base, kv_map, b, hk, j):
+            """Key block ``j``'s K (or V) tile, ``D / 64`` boxes of ``bn`` x 64, into the stage at ``base``."""
+            for c in range(chunks):
+                pipe.load(shared_view(smem, base + c * box_kv, (bn, CHUNK)), kv_map, (b, hk, j * bn, CHUNK * c))
+
     @cuda.jit(device=True, inline="always")
     def producer(args):
         """One elected thread walks this CTA's items: per key block the K and V tiles, the item's Q after its first
         K and V."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
         # (the work counts are computed in each role, after setmaxnreg: values live across it get spilled)
-        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn, cluster_m)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
                 for r in range(rounds):
-                    t = persistent_item(r, snake)
+                    t = _unit(r, snake, cluster_m)
                     if t >= total:  # (only in the last round)
                         break
-                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
                     hk = h // group
                     blocks = _key_blocks(m0, nkb, bn, causal)
                     for j in range(blocks):
                         s = kpipe.producer_acquire()
-                        for c in range(chunks):
-                            kpipe.load(shared_view(smem, k_base + s * kv_elems + c * box_kv, (bn, CHUNK)), k_map,
-                                       (b, hk, j * bn, CHUNK * c))
+                        load_kv(kpipe, smem, k_base + s * kv_elems, k_map, b, hk, j)
                         kpipe.producer_commit()
                         s = vpipe.producer_acquire()
-                        for c in range(chunks):
-                            vpipe.load(shared_view(smem, v_base + s * kv_elems + c * box_kv, (bn, CHUNK)), v_map,
-                                       (b, hk, j * bn, CHUNK * c))
+                        load_kv(vpipe, smem, v_base + s * kv_elems, v_map, b, hk, j)
                         vpipe.producer_commit()
                         if j == 0:
                             # Q after the item's first K and V: their stages free up while the consumers still
@@ -399,7 +441,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         """Consumer warpgroup ``w``: its 64 rows of each item - the key blocks in the ``schedule``, then the
         epilogue."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
-        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn, cluster_m)
         # The warpgroup index again, made here (after setmaxnreg and the work counts) and broadcast from lane 0
         # (shfl.sync.idx): ptxas then knows it is warp-uniform and keeps w, m0 + 64 w and the causal block test
         # in uniform registers. warp_specialize's w is a per-thread value from before the split, live across
@@ -407,14 +449,14 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         # local memory. (Made before the work counts, or w broadcast as passed, it spills again: the SASS tests
         # pin it. Not with pingpong: its D = 256 kernels spill more with it.)
         w, tw, lane, row_in_wg = consumer_lanes(w)
-        active = cuda.blockIdx.x < total
+        active = cuda.blockIdx.x // cluster_m < total
         if take_turns:
             turn_start(w, active)  # consumer 0 issues first
         for r in range(rounds):
-            t = persistent_item(r, snake)
+            t = _unit(r, snake, cluster_m)
             if t >= total:
                 break
-            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
             blocks = _key_blocks(m0, nkb, bn, causal)
             row0 = m0 + WG_ROWS * w + row_in_wg
             m_a = m_start  # running maxima (scaled by scale·log2 e; "exact": raw extrema) of the thread's rows
@@ -486,13 +528,13 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         epilogue frees its stage (``q_stages = 2``, or ``o_buffer``: Q's stage goes back after the item's last
         ``Q Kᵀ``) and a second V stage (the next item's first V loads before this one's last is released)."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
-        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn)
+        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn, cluster_m)
         w, tw, lane, row_in_wg = consumer_lanes(w)
         fresh = (m_start, m_start, ZERO, ZERO)  # an item's running (m_a, m_b, l_a, l_b) before its first block
-        t = persistent_item(0, snake)
+        t = _unit(0, snake, cluster_m)
         if t < total:
             # the first item's first block: nothing to overlap it with
-            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
             blocks = _key_blocks(m0, nkb, bn, causal)
             row0 = m0 + WG_ROWS * w + row_in_wg
             qs = qpipe.consumer_wait()
@@ -506,10 +548,10 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             item = (b, h, m0, qs, row0)  # the item O accumulates: its epilogue comes after its last P V
             for r in range(rounds):
                 if r > 0:  # the next item: its first block's S issued with the last P V of the item O holds
-                    t = persistent_item(r, snake)
+                    t = _unit(r, snake, cluster_m)
                     if t >= total:
                         break
-                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest)
+                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
                     blocks = _key_blocks(m0, nkb, bn, causal)
                     row0 = m0 + WG_ROWS * w + row_in_wg
                     qs = qpipe.consumer_wait()
@@ -559,6 +601,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     budget = register_budget(2, producer=producer_registers)
     roles = warp_specialize(budget, producer, consumer_carried if carry else consumer)
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
+    if cluster_m == 2:
+        jit = _compose(cluster_kernel((2, 1, 1)), jit)
 
     @jit
     def attention_kernel(q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2):
@@ -566,12 +610,20 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         # Q: full: the producer + Q's bytes; empty: one arrival per consumer warpgroup (after its epilogue's stores),
         # or with o_buffer one per consumer warp (after the item's last Q Kᵀ)
         qpipe = Pipeline(q_stages, 1, 8 if o_buffer else 2)
-        kpipe = Pipeline(stages, 1, 8)  # empty: one arrival per consumer warp
-        vpipe = Pipeline(stages, 1, 8)
+        kpipe = Pipeline(stages, 1, 8 * cluster_m)  # empty: one arrival per consumer warp (of both CTAs)
+        vpipe = Pipeline(stages, 1, 8 * cluster_m)
+        if cluster_m > 1:
+            cluster_sync()  # every CTA's barriers are initialised before any multicast or remote arrive
         grid_dependency_sync()
         roles((smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2))
+        if cluster_m > 1:
+            cluster_sync()  # no CTA leaves while its partner may still multicast into it or arrive on it
 
     return attention_kernel
+
+
+def _compose(outer, inner):
+    return lambda fn: outer(inner(fn))
 
 
 def _new_lse(q, shape):
@@ -602,7 +654,7 @@ class Attention(Plan):
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
                  schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, o_buffer=None,
-                 carry=None, grid=None, autotune=False):
+                 carry=None, cluster_m=None, grid=None, autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -655,7 +707,8 @@ class Attention(Plan):
             self._take_lse(q, lse)
             return
         tile = dict(bn=bn, stages=stages, schedule=schedule, q_stages=q_stages,  # (TILE_OPTIONS, in its order)
-                    producer_registers=producer_registers, o_buffer=o_buffer, carry=carry)
+                    producer_registers=producer_registers, o_buffer=o_buffer, carry=carry,
+                    cluster_m=cluster_m)
         if bool_option(op, "autotune", autotune):
             given = {name: value for name, value in tile.items() if value is not None}
             if given:
@@ -668,7 +721,7 @@ class Attention(Plan):
         self.config = default_config(d, **tile, order=order, sweep=sweep, causal=self.causal,
                                      exact=self._softmax[0] == "exact", sk=sk)
         cfg = self.config
-        q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn, CHUNK)
+        q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn // cfg.cluster_m, CHUNK)  # (a cluster: halves)
 
         def heads_major(x, lay):  # every descriptor sees (batch, heads, seq, head_dim): one kernel for both layouts
             if layout == "bhsd":
@@ -681,6 +734,10 @@ class Attention(Plan):
         self.v_map = TensorMap(heads_major(v, lv), kv_box, swizzle=Swizzle.B128)
         self.o_map = TensorMap(heads_major(o, lo), q_box, swizzle=Swizzle.B128)
         self.items = bq * hq * ceil_div(sq, BM)
+        self.units = bq * hq * ceil_div(ceil_div(sq, BM), cfg.cluster_m)  # (what a CTA, or a cluster, takes)
+        if grid is not None and cfg.cluster_m > 1 and grid % cfg.cluster_m:
+            raise TensorMapError(f"Attention: grid={grid} with cluster_m={cfg.cluster_m}: the grid must be a "
+                                 f"multiple of the cluster")
         self._grid = grid
         self.block = 3 * WARPGROUP
         self.flops = 4.0 * bq * hq * sq * sk * d * (0.5 if self.causal else 1.0)
@@ -688,7 +745,8 @@ class Attention(Plan):
         self.key_blocks = sum(key_blocks(m0, nkb, cfg.bn, self.causal) for m0 in range(0, sq, BM))
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
-                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer, cfg.carry)
+                               cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer, cfg.carry,
+                               cfg.cluster_m)
         self._take_lse(q, lse)  # (only now: an option refused above allocates nothing)
         self._use_kernel()
 
@@ -721,10 +779,16 @@ class Attention(Plan):
 
     @property
     def grid(self):
-        """CTAs: one per SM (persistent), never more than there are items."""
+        """CTAs: one per SM (persistent), never more than there are items; with clusters, as many clusters as
+        the GPU holds at once (:func:`numbatma.max_active_clusters`), never more than there are units."""
+        cm = self.config.cluster_m
         if self._grid is None:
-            self._grid = persistent_grid(self.items)
-        return min(self._grid, self.items)
+            if cm == 1:
+                self._grid = persistent_grid(self.items)
+            else:
+                self._grid = cm * max_active_clusters(self.kernel, self.launch_args(), self.block,
+                                                      self.config.smem_bytes, (cm, 1, 1))
+        return min(self._grid // cm, self.units) * cm
 
     @property
     def args(self):

@@ -90,6 +90,18 @@ def test_tile_configurations(tile, causal, sq, sk):
     run_case(1, 4, 2, sq, sk, d, causal, **options)
 
 
+@pytest.mark.parametrize("d, options", [(128, {}), (64, {}), (256, {}), (128, dict(bn=176)),
+                                          (128, dict(carry=True)), (256, dict(producer_registers=40))],
+                         ids=["d128", "d64", "d256", "d128-bn176", "d128-carry", "d256-p40"])
+@pytest.mark.parametrize("sq, sk, layout, grid", [(1000, 1000, "bhsd", None), (300, 2049, "bshd", None),
+                                                  (4097, 177, "bhsd", 6), (17, 33, "bshd", None)])
+def test_cluster_pairs(d, options, sq, sk, layout, grid):
+    """``cluster_m=2``: CTA pairs on neighbouring query blocks of a head, each multicasting half of every K and V
+    tile into both. Odd numbers of query blocks (300: 3; 4097: 33; 17: 1 - the partner's block is past the rows,
+    computed on zeros and never stored), ragged key lengths, GQA, both layouts, a grid of 3 clusters (rounds)."""
+    run_case(2, 4, 2, sq, sk, d, False, layout=layout, cluster_m=2, grid=grid, **options)
+
+
 @pytest.mark.parametrize("carry", [False, True], ids=["per-item", "carried"])
 @pytest.mark.parametrize("order", ["snake", "cyclic"])
 @pytest.mark.parametrize("sweep", ["heads", "queries"])
