@@ -48,7 +48,7 @@ from . import _debug
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, require_int, require_literal_int, sim
 from .async_copy import cp_async_mbarrier_arrive_noinc
-from .cluster import mapa_barrier, mbarrier_arrive_cluster
+from .cluster import mapa_barrier, mbarrier_arrive_cluster_cta
 from .cluster_copy import tma_load_multicast
 from .fence import sim_fence_mbarrier_init
 from .mbarrier import mbarrier_arrive, mbarrier_expect_tx, mbarrier_wait_parity, sim_init
@@ -369,10 +369,11 @@ def consumer_release(pipe):
 def consumer_release_remote(pipe, rank):
     """In a thread-block cluster whose producers multicast into each other's stages: arrive on the empty
     barrier, in CTA ``rank`` of the cluster, of the stage that this thread's next ``consumer_release`` gives
-    back (``mapa`` + ``mbarrier.arrive.release.cluster.shared::cluster``), without moving on; then call
+    back (``mapa`` + ``mbarrier.arrive.shared::cluster``: release at CTA scope - the stage was only read, and a
+    cluster-scope release would cost a ``MEMBAR.ALL.GPU`` per arrive), without moving on; then call
     ``consumer_release`` for this CTA's own barrier. Count these arrivals in ``consumer_arrivals`` of every
     CTA's pipeline (e.g. 8 local + 8 remote warps)."""
-    mbarrier_arrive_cluster(mapa_barrier(_empty(pipe, _get(pipe, RSTAGE)), rank))
+    mbarrier_arrive_cluster_cta(mapa_barrier(_empty(pipe, _get(pipe, RSTAGE)), rank))
 
 
 def _debug_producer_acquire(pipe):

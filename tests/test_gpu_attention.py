@@ -77,7 +77,7 @@ TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule=
          dict(d=256, bn=96, schedule="serial", producer_registers=24),
          dict(d=128, q_stages=2, o_buffer=False), dict(d=128, q_stages=1, o_buffer=True, schedule="serial"),
          dict(d=64, bn=128, o_buffer=False), dict(d=256, bn=80, schedule="overlap", producer_registers=24),
-         dict(d=128, carry=True), dict(d=128, carry=False), dict(d=64, carry=True), dict(d=64, bn=192, carry=True),
+         dict(d=128, q_stages=2, carry=True), dict(d=128, carry=False), dict(d=64, carry=True), dict(d=64, bn=192, carry=True),
          dict(d=128, q_stages=1, o_buffer=True, stages=2, carry=True), dict(d=64, q_stages=2, o_buffer=True, carry=True)]
 
 
