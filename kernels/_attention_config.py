@@ -69,11 +69,15 @@ class AttentionConfig:
     ``carry``: the "overlap" pipeline carried from one item to the next: the next item's first ``Q Kᵀ`` is issued
     with this item's last ``P V`` and its first softmax runs under it, then this item's epilogue - an item costs
     its key blocks, without a pipeline start and drain of its own. Needs the "overlap" schedule, two K/V
-    ``stages`` and the next item's Q beside this one's (``q_stages = 2``, or ``o_buffer``).
+    ``stages`` and the next item's Q beside this one's (``q_stages = 2``, or ``o_buffer``); head dim 64 only (at
+    128 ptxas serializes the carried kernel's wgmmas for want of registers). Measured on an H100 (D = 64): +1.0%
+    full and +1.8% causal at S = 8192, 0 to +1.6% at S = 512..2048 - so off by default.
 
     ``cluster_m``: 2 runs the CTAs in clusters of two that take neighbouring query blocks of one head (full
     attention only: both see every key block): each CTA TMA-loads half of every K and V tile and multicasts it
-    into both, so each K/V byte leaves L2 once per pair (FA3's cluster for full attention at D >= 128)."""
+    into both, so each K/V byte leaves L2 once per pair (FA3's cluster for full attention at D >= 128). Measured on
+    an H100: 5-8% behind the default at every head dim and length (the pair's pipelines run in lockstep; the K/V
+    traffic it saves was not what limited the kernel), so off by default."""
 
     bn: int
     stages: int
@@ -213,6 +217,10 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if carry is None:
         carry = False
     carry = bool_option("Attention", "carry", carry)
+    if carry and d != 64:
+        raise TensorMapError(f"Attention: carry=True (the pipeline carried across items) is built for head dim 64 "
+                             f"only, got {d}: at 128 the carried kernel needs more registers than a consumer has and "
+                             f"ptxas serializes its wgmmas (C7512); at 256 no second Q stage fits")
     if carry and (schedule != "overlap" or stages < 2 or (q_stages < 2 and not o_buffer)):
         raise TensorMapError(f"Attention: carry=True (the pipeline carried across items) needs schedule='overlap', "
                              f"at least 2 stages and the next item's Q beside this one's (q_stages=2 or "

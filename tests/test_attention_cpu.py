@@ -231,6 +231,11 @@ def test_scale_beyond_float32_is_refused(bad):
     (dict(scale=np.ones(1)), "scale must be a Python or NumPy scalar, got an array"),
     (dict(scale=-np.inf), "scale must be a finite number, got -inf"),
     (dict(schedule=None, order=None), "order must be .*'snake'.*'cyclic', got None"),
+    (dict(carry=True), "carry=True .* head dim 64 only, got 128"),
+    (dict(carry="no"), "carry must be True or False, got 'no'"),
+    (dict(cluster_m=3), "cluster_m must be an int(?:eger)? in 1..2, got 3"),
+    (dict(cluster_m=2, causal=True), "cluster_m=2 .* is for full attention"),
+    (dict(cluster_m=2, grid=7), "grid=7 with cluster_m=2: the grid must be a multiple of the cluster"),
 ])
 def test_bad_options(change, message):
     with pytest.raises(TensorMapError, match="Attention: " + message):
@@ -440,3 +445,23 @@ def test_tile_options_are_attention_options():
 
     for function in (Attention.__init__, default_config):
         assert set(TILE_OPTIONS) <= set(inspect.signature(function).parameters)
+
+
+def test_carried_and_cluster_kernels_sass():
+    """``carry=True`` (D = 64): the first block's S alone, then two overlapped groups (the next item's first block
+    with this one's last P V, peeled; the key-block loop), the last P V - every product's k-steps back to back, no
+    local memory. ``cluster_m=2`` (D = 128): the per-item pipeline's products, no local memory, and no
+    ``MEMBAR.ALL.GPU`` but the two of the cluster barriers at the start and the end (a stage handed back to the
+    other CTA at cluster scope put one before every remote arrive: 38% slower on an H100)."""
+    plan = Attention(*arrays(d=64, sk=1000), carry=True)
+    sass = _plan_sass(plan)
+    qk, pv = f"HGMMA.64x{plan.config.bn}x16.F32", "HGMMA.64x64x16.F32"
+    s_only = [qk] * 4 + ["WARPGROUP.DEPBAR.LE 0x0"]
+    overlapped = [qk] * 4 + [pv] * (plan.config.bn // 16) + ["WARPGROUP.DEPBAR.LE 0x1", "WARPGROUP.DEPBAR.LE 0x0"]
+    assert _ops(sass) == s_only + overlapped * 2 + [pv] * (plan.config.bn // 16) + ["WARPGROUP.DEPBAR.LE 0x0"]
+    assert "STL" not in sass and "LDL" not in sass
+    plan = Attention(*arrays(d=128), cluster_m=2)
+    sass = _plan_sass(plan)
+    assert "STL" not in sass and "LDL" not in sass
+    assert sass.count("MEMBAR.ALL.GPU") == 2 and sass.count("UCGABAR_WAIT") == 2
+    assert "SYNCS.ARRIVE.TRANS64.RED" in sass  # (the arrive on the other CTA's barrier)

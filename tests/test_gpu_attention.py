@@ -77,8 +77,8 @@ TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule=
          dict(d=256, bn=96, schedule="serial", producer_registers=24),
          dict(d=128, q_stages=2, o_buffer=False), dict(d=128, q_stages=1, o_buffer=True, schedule="serial"),
          dict(d=64, bn=128, o_buffer=False), dict(d=256, bn=80, schedule="overlap", producer_registers=24),
-         dict(d=128, q_stages=2, carry=True), dict(d=128, carry=False), dict(d=64, carry=True), dict(d=64, bn=192, carry=True),
-         dict(d=128, q_stages=1, o_buffer=True, stages=2, carry=True), dict(d=64, q_stages=2, o_buffer=True, carry=True)]
+         dict(d=64, carry=True), dict(d=64, bn=192, carry=True), dict(d=64, q_stages=1, o_buffer=True, carry=True),
+         dict(d=64, q_stages=2, o_buffer=True, carry=True)]
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
@@ -91,8 +91,8 @@ def test_tile_configurations(tile, causal, sq, sk):
 
 
 @pytest.mark.parametrize("d, options", [(128, {}), (64, {}), (256, {}), (128, dict(bn=176)),
-                                          (128, dict(carry=True)), (256, dict(producer_registers=40))],
-                         ids=["d128", "d64", "d256", "d128-bn176", "d128-carry", "d256-p40"])
+                                          (64, dict(carry=True)), (256, dict(producer_registers=40))],
+                         ids=["d128", "d64", "d256", "d128-bn176", "d64-carry", "d256-p40"])
 @pytest.mark.parametrize("sq, sk, layout, grid", [(1000, 1000, "bhsd", None), (300, 2049, "bshd", None),
                                                   (4097, 177, "bhsd", 6), (17, 33, "bshd", None)])
 def test_cluster_pairs(d, options, sq, sk, layout, grid):
