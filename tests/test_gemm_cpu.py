@@ -190,8 +190,11 @@ def test_other_targets_say_wgmma_is_sm_90a_only(arch):
 SASS_BEFORE_BLOCKS = {
     ("nk", 0.0, 1): (1880, {"fp": 217, "barrier": 55, "tma": 16, "shared": 16, "uniform": 1087}),
     ("kn", 0.5, 1): (2512, {"fp": 345, "barrier": 63, "tma": 38, "shared": 80, "uniform": 1216}),
-    ("nk", 0.0, 2): (2088, {"fp": 217, "barrier": 74, "tma": 16, "shared": 16, "uniform": 623}),
-    ("kn", 0.5, 2): (2424, {"fp": 345, "barrier": 62, "tma": 11, "shared": 80, "uniform": 761}),
+    # (cluster 2: 4 barrier instructions fewer since the remote stage release arrives at CTA scope - the two
+    # MEMBARs, .CTA and .GPU, before each of its two remote arrives are gone, and with B as (K, N) 16 instructions
+    # in all; 2026-11-27)
+    ("nk", 0.0, 2): (2088, {"fp": 217, "barrier": 70, "tma": 16, "shared": 16, "uniform": 623}),
+    ("kn", 0.5, 2): (2408, {"fp": 345, "barrier": 58, "tma": 11, "shared": 80, "uniform": 761}),
 }
 SASS_CLASSES = {"fp": r"^(F[A-Z0-9]*|HADD2|HMUL2|HFMA2|MUFU)(\.|$)",
                 "barrier": r"^(BAR|SYNCS|WARPGROUP|DEPBAR|MEMBAR|FENCE|WARPSYNC|ELECT|USETMAXREG|UCGABAR)",
