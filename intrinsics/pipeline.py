@@ -229,37 +229,6 @@ def _set(typingctx, pipe, slot, value):
     return types.void(pipe, slot, value), codegen
 
 
-def _sim_step(pipe, slot, phase_slot):
-    n = pipe.state[slot] + 1
-    if n == pipe.stages:
-        n = 0
-        if phase_slot >= 0:
-            pipe.state[phase_slot] ^= 1
-    pipe.state[slot] = n
-
-
-@device_op(prefer_literal=True, simulate=_sim_step)
-def _step(typingctx, pipe, slot, phase_slot):
-    """Move the stage counter in ``slot`` on by one, to 0 after the last stage, and then flip the phase bit in
-    ``phase_slot`` (unless it is -1) - in 32-bit arithmetic: written in Python, ``s + 1 == pipe.stages`` is
-    64-bit in Numba (an add with carry, a sign extension, two compares and a select per step, in the
-    uniform datapath)."""
-    index, phase = slot.literal_value, phase_slot.literal_value
-    n = pipe.stages
-
-    def codegen(context, builder, sig, args):
-        ptr = _slot(builder, args[0], index)
-        nxt = builder.add(builder.load(ptr), ir.Constant(I32, 1))
-        wrap = builder.icmp_unsigned("==", nxt, ir.Constant(I32, n))
-        builder.store(builder.select(wrap, ir.Constant(I32, 0), nxt), ptr)
-        if phase >= 0:
-            pptr = _slot(builder, args[0], phase)
-            builder.store(builder.xor(builder.load(pptr), builder.zext(wrap, I32)), pptr)
-        return context.get_dummy_value()
-
-    return types.void(pipe, slot, phase_slot), codegen
-
-
 @device_op(simulate=lambda pipe, stage: pipe.barrier(int(stage), "full"))
 def _full(typingctx, pipe, stage):
     """The full barrier of ``stage``."""
@@ -352,7 +321,11 @@ def load_multicast(pipe, tile, desc, coords, mask):
 
 @cuda.jit(device=True)
 def _advance_producer(pipe):
-    _step(pipe, PSTAGE, PPHASE)
+    s = _get(pipe, PSTAGE) + 1
+    if s == pipe.stages:
+        s = 0
+        _set(pipe, PPHASE, _get(pipe, PPHASE) ^ 1)
+    _set(pipe, PSTAGE, s)
 
 
 def producer_commit(pipe):
@@ -374,7 +347,11 @@ def consumer_wait(pipe):
     ``mbarrier.try_wait.parity`` loop on the full barrier (acquire: the stage's data is visible after)."""
     s = _get(pipe, CSTAGE)
     mbarrier_wait_parity(_full(pipe, s), _get(pipe, CPHASE))
-    _step(pipe, CSTAGE, CPHASE)
+    n = s + 1
+    if n == pipe.stages:
+        n = 0
+        _set(pipe, CPHASE, _get(pipe, CPHASE) ^ 1)
+    _set(pipe, CSTAGE, n)
     return s
 
 
@@ -383,7 +360,10 @@ def consumer_release(pipe):
     barrier). Every one of the ``consumer_arrivals`` threads calls it once per stage."""
     s = _get(pipe, RSTAGE)
     mbarrier_arrive(_empty(pipe, s))
-    _step(pipe, RSTAGE, -1)
+    s += 1
+    if s == pipe.stages:
+        s = 0
+    _set(pipe, RSTAGE, s)
 
 
 def consumer_release_remote(pipe, rank):
@@ -407,7 +387,11 @@ def _debug_consumer_wait(pipe):
     """``consumer_wait`` of a debug build: the wait is bounded (``_debug_wait``)."""
     s = _get(pipe, CSTAGE)
     _debug_wait(pipe, 0, s, _get(pipe, CPHASE))
-    _step(pipe, CSTAGE, CPHASE)
+    n = s + 1
+    if n == pipe.stages:
+        n = 0
+        _set(pipe, CPHASE, _get(pipe, CPHASE) ^ 1)
+    _set(pipe, CSTAGE, n)
     return s
 
 
