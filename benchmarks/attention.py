@@ -13,7 +13,7 @@ each after a 256 MiB L2-evicting memset, between CUDA events; the median per imp
 cases the GPU's clocks drift down as it heats, which would penalise whichever implementation ran last.) Every
 implementation's output is compared with torch's float32 SDPA before it is timed (FAIL printed, the run goes on).
 Writes attention.json / attention.md / attention.png (TFLOP/s vs sequence length) to $OUT (or next to this file).
-``tiles`` (not in the default sections): the options in TILE_OPTIONS (the last experiment's: FA3's D = 128 register split
+``tiles`` (not in the default sections): the options in TILE_VARIANTS (the last experiment's: FA3's D = 128 register split
 and tile; earlier runs: CTA pairs multicasting K and V, the pipeline carried across items, the key-length thresholds of the defaults, o_buffer, q_stages, FA3's wider key blocks, the 240-register consumers, the sweep, pingpong) against the default
 and cuDNN on TILE_CASES, each checked first;
 ``--prewarm N`` compiles every kernel of the run in N processes first (into the on-disk cache).
@@ -45,7 +45,7 @@ FA4_OVER_CUDNN = {(128, 8192, False): 1.084, (128, 8192, True): 1.195, (128, 163
 # results of each are in docs/attention.md and benchmarks/RESULTS.md)
 TILE_CASES = [(128, False, 1024, 4), (128, False, 8192, 1), (128, False, 16384, 1), (128, True, 8192, 1),
               (128, True, 1024, 4)]
-TILE_OPTIONS = {  # (FA3's D = 128 choices: 24 / 240 registers, 176-key blocks, the two warpgroups taking turns)
+TILE_VARIANTS = {  # (FA3's D = 128 choices: 24 / 240 registers, 176-key blocks, the two warpgroups taking turns)
     128: [dict(producer_registers=24), dict(schedule="pingpong", producer_registers=24),
           dict(bn=176, producer_registers=24, q_stages=1), dict(bn=176, schedule="pingpong", producer_registers=24,
                                                                  q_stages=1)],
@@ -190,11 +190,11 @@ def main():
     if "tiles" in sections:  # FA3's tile shapes and register split against the default, per head dim and mask
         cases = [c for c in TILE_CASES if c[0] in dims]
         if args.prewarm:
-            jobs = {(d, causal, tuple(sorted(o.items()))) for d, causal, _, _ in cases for o in [{}] + TILE_OPTIONS[d]}
+            jobs = {(d, causal, tuple(sorted(o.items()))) for d, causal, _, _ in cases for o in [{}] + TILE_VARIANTS[d]}
             prewarm([(d, causal, dict(o)) for d, causal, o in sorted(jobs, key=str)], args.prewarm)
         for d, causal, seq, batch in cases:
             impls = [("numbatma", numbatma_impl())] + [
-                ("numbatma " + " ".join(f"{k}={v}" for k, v in o.items()), numbatma_impl(**o)) for o in TILE_OPTIONS[d]]
+                ("numbatma " + " ".join(f"{k}={v}" for k, v in o.items()), numbatma_impl(**o)) for o in TILE_VARIANTS[d]]
             run_case(torch, timer, Case(torch, batch, HEADS, seq, d, causal), peers[:1] + impls, results, "tiles")
 
     if "check" in sections:  # ragged, GQA, different lengths: correctness against float32 SDPA, timed too

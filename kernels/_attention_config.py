@@ -146,7 +146,7 @@ PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
-                   producer_registers=None, causal=False, exact=False, sk=None, o_buffer=None, carry=None,
+                   producer_registers=None, causal=False, sk=None, o_buffer=None, carry=None,
                    cluster_m=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 80 for full D = 256 and 64
     for causal D = 256 (S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64 and for
@@ -156,8 +156,8 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     240: S, P and O fit without spilling, full and causal, every softmax mode), 40 otherwise; the snake order over
     items numbered (batch, head) first for causal attention, query block first otherwise (``sweep``). ``causal``:
     the plan's mask (the tile may depend on it); ``sk``: the key length, when known (full D = 64 takes 128-key blocks where 192 would pad the
-    last block by more than 3% of the keys: S = 1024 has 5 1/3 blocks of 192); ``exact``: the scale's softmax
-    mode is "exact" (:func:`softmax_mode`: |scale| > 1; no default depends on it now).
+    last block by more than 3% of the keys: S = 1024 has 5 1/3 blocks of 192). No default depends on the scale's
+    softmax mode (:func:`softmax_mode`): every mode's kernel of each default compiles without local memory.
 
     Measured on an H100 (benchmarks/RESULTS.md, ``--only variants`` and ``--only tiles``, runs interleaved with
     cuDNN's): overlap 1-3% ahead of pingpong at D = 64 and 128; at D = 256 overlap with 240-register consumers

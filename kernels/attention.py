@@ -719,7 +719,7 @@ class Attention(Plan):
                                  layout=layout, order=order, sweep=sweep, grid=grid))
             tile = {name: self.tuning.best.get(name) for name in TILE_OPTIONS}
         self.config = default_config(d, **tile, order=order, sweep=sweep, causal=self.causal,
-                                     exact=self._softmax[0] == "exact", sk=sk)
+                                     sk=sk)
         cfg = self.config
         q_box, kv_box = (1, 1, WG_ROWS, CHUNK), (1, 1, cfg.bn // cfg.cluster_m, CHUNK)  # (a cluster: halves)
 
@@ -814,7 +814,7 @@ def _tuned(q, k, v, o, lse, plan, d, options):
     whose ``best`` is a dict of tile options."""
     b, hq, hk, sq, sk, _ = plan.shape
     mode = plan._softmax[0]
-    resolve = functools.partial(default_config, d, causal=options["causal"], exact=mode == "exact", sk=sk)
+    resolve = functools.partial(default_config, d, causal=options["causal"], sk=sk)
     configs, seen = [], set()
     for candidate in ({},) + TUNE_SPACE[d]:
         resolved = resolve(**candidate)
