@@ -148,7 +148,7 @@ def _ops(sass):
 
 @pytest.mark.parametrize("d, causal, layout, schedule", [
     (64, False, "bhsd", "serial"), (128, True, "bshd", "serial"), (256, False, "bhsd", "serial"),
-    (64, True, "bhsd", "overlap"), (128, False, "bhsd", "pingpong"), (128, True, "bshd", "pingpong")])
+    (64, True, "bhsd", "overlap"), (128, False, "bhsd", "pingpong")])
 def test_kernel_sass(d, causal, layout, schedule):
     plan, sass = _sass(d, causal, layout, schedule)
     bn = plan.config.bn
@@ -262,7 +262,7 @@ def test_wide_d128_key_block_keeps_its_registers():
 
 
 @pytest.mark.parametrize("d, causal, scale, sk", [(64, False, None, 4096), (64, False, 3.0, 4096),
-                                                  (256, False, None, 1000), (256, False, None, 4096),
+                                                  (256, False, None, 1000),
                                                   (256, False, 3.0, 4096), (256, True, None, 1000),
                                                   (256, True, 3.0, 1000)])
 def test_default_tiles_never_spill(d, causal, scale, sk):
@@ -447,12 +447,10 @@ def test_tile_options_are_attention_options():
         assert set(TILE_OPTIONS) <= set(inspect.signature(function).parameters)
 
 
-def test_carried_and_cluster_kernels_sass():
+def test_carried_kernel_sass():
     """``carry=True`` (D = 64): the first block's S alone, then two overlapped groups (the next item's first block
-    with this one's last P V, peeled; the key-block loop), the last P V - every product's k-steps back to back, no
-    local memory. ``cluster_m=2`` (D = 128): the per-item pipeline's products, no local memory, and no
-    ``MEMBAR.ALL.GPU`` but the two of the cluster barriers at the start and the end (a stage handed back to the
-    other CTA at cluster scope put one before every remote arrive: 38% slower on an H100)."""
+    with this one's last P V, peeled; the key-block loop), the last P V - every product's k-steps back to back (at
+    D = 128 ptxas serialized them: refused there), no local memory."""
     plan = Attention(*arrays(d=64, sk=1000), carry=True)
     sass = _plan_sass(plan)
     qk, pv = f"HGMMA.64x{plan.config.bn}x16.F32", "HGMMA.64x64x16.F32"
@@ -460,8 +458,6 @@ def test_carried_and_cluster_kernels_sass():
     overlapped = [qk] * 4 + [pv] * (plan.config.bn // 16) + ["WARPGROUP.DEPBAR.LE 0x1", "WARPGROUP.DEPBAR.LE 0x0"]
     assert _ops(sass) == s_only + overlapped * 2 + [pv] * (plan.config.bn // 16) + ["WARPGROUP.DEPBAR.LE 0x0"]
     assert "STL" not in sass and "LDL" not in sass
-    plan = Attention(*arrays(d=128), cluster_m=2)
-    sass = _plan_sass(plan)
-    assert "STL" not in sass and "LDL" not in sass
-    assert sass.count("MEMBAR.ALL.GPU") == 2 and sass.count("UCGABAR_WAIT") == 2
-    assert "SYNCS.ARRIVE.TRANS64.RED" in sass  # (the arrive on the other CTA's barrier)
+    # (cluster_m=2, D = 128: no local memory and no GPU-scope membar per remote arrive, checked when it was built;
+    # the membar itself is pinned by tests/test_cluster_cpu.py::test_remote_arrive_at_cta_scope_has_no_gpu_membar -
+    # this compile cost the CPU suite 15 s)

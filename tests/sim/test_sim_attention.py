@@ -20,7 +20,7 @@ def two_sms(monkeypatch):
 
 CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, layout, bn, schedule)
     (1, 1, 1, 100, 70, 64, False, "bhsd", 64, None),  # ragged ends, one query block, two key blocks; pingpong
-    (1, 2, 1, 130, 80, 64, True, "bshd", 64, None),  # causal diagonal, two query blocks, GQA, (B, S, H, D)
+    (1, 2, 1, 130, 40, 64, True, "bshd", 64, None),  # causal diagonal, two query blocks, GQA, (B, S, H, D)
     (1, 1, 1, 17, 40, 128, False, "bhsd", 32, None),  # D = 128 (two chunks), a tiny query block, bn = 32
     (1, 1, 1, 70, 100, 64, True, "bhsd", 32, "serial"),  # each product waited for in turn; four key blocks
     (1, 1, 1, 64, 150, 64, False, "bhsd", 48, "overlap"),  # intra-warpgroup overlap only; bn = 48

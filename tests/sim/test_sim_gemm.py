@@ -43,7 +43,7 @@ def load_benchmark(name):
 
 
 MULTISTAGE_CASES = [  # benchmarks/gemm_multistage.py: grid 2 with 4+ tiles, so each CTA walks several
-    (130, 128, 136, "nk", np.float32, dict(bn=64, stages=2, alpha=0.5, grid=2)),  # partial M and K tiles; alpha
+    (130, 128, 72, "nk", np.float32, dict(bn=64, stages=2, alpha=0.5, grid=2)),  # partial M and K tiles; alpha
     # ((K, N) B and one stage: tests/test_gpu_gemm.py on the GPU; the CPU suite keeps one simulator case)
 ]
 
