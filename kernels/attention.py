@@ -641,13 +641,12 @@ class Attention(Plan):
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
     "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40), ``o_buffer`` (True, False; default
-    False), ``carry`` (True, False) - :class:`AttentionConfig` says what
-    they do - ``autotune`` (True: the tile options are chosen by timing the default and :data:`TUNE_SPACE`'s
-    configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning`` says what was
-    measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
-    per SM). ``lse``: a
-    (B, Hq, Sq) float32 array, or None (the plan allocates one: a torch tensor when q is one). ``launch(stream)``
-    returns ``(o, lse)``."""
+    False), ``carry`` (True, False; head dim 64), ``cluster_m`` (1 or 2; full attention) - :class:`AttentionConfig`
+    says what they do - ``autotune`` (True: the tile options are chosen by timing the default and
+    :data:`TUNE_SPACE`'s configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning``
+    says what was measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
+    per SM; a multiple of 2 with ``cluster_m=2``). ``lse``: a (B, Hq, Sq) float32 array, or None (the plan
+    allocates one: a torch tensor when q is one). ``launch(stream)`` returns ``(o, lse)``."""
 
     #: (the plan contract's declaration: attributes a built plan lets you assign; the property checks the value)
     settable = {"scale": None}
