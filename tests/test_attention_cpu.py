@@ -20,11 +20,6 @@ from fakes import FakeCudaArray
 
 attention_module = importlib.import_module("numbatma.kernels.attention")  # (the package exports a function so named)
 
-# Every test of this file on one xdist worker (the suite runs with --dist loadgroup): many of them compile the same
-# attention kernels, and _kernel_sass caches each compile per process - one worker compiles each once (the file
-# took ~260 s of test time spread over two workers, 142 s in one process).
-pytestmark = pytest.mark.xdist_group("attention_sass")
-
 
 @pytest.fixture(autouse=True)
 def fixed_sm_count(monkeypatch):
