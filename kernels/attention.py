@@ -322,6 +322,34 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
 
 
     @cuda.jit(device=True, inline="always")
+    def issue_step(o, pf, f, smem, q_map, k_map, v_map, kpipe, vpipe, qs, w, lane):
+        """One step of the "overlap" schedule: ``S`` of the next key block issued with ``P V`` of the block whose
+        weights ``pf`` hold (O first rescaled by that block's ``f`` at D = 128, FA3's place: O is in no wgmma
+        then), both committed; returns ``(S, O)`` once ``S`` has completed - its K stage given back, ``P V``
+        still running. With turns, the issue is this warpgroup's turn. Between an issue and its wait no
+        instruction writes a register a later wgmma reads (else ptxas serializes every wgmma: C7513)."""
+        if take_turns:
+            wait_turn(w)  # my turn to issue
+        ks = kpipe.consumer_wait()
+        sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
+        if early_rescale:  # while S runs: O to the maxima of the block whose P V follows
+            o = wgmma_map(o, _scale_rows, f)
+        vs = vpipe.consumer_wait()
+        o = issue_pv(o, pf, smem, v_map, vs)
+        if take_turns:
+            pass_turn(w)  # the other's turn
+        return release_older(kpipe, sacc, lane), o
+
+    @cuda.jit(device=True, inline="always")
+    def last_pv(o, pf, f, smem, v_map, vpipe, lane):
+        """The "overlap" schedule's last ``P V`` of an item (nothing to overlap it with), waited for; its V stage
+        given back."""
+        if early_rescale:
+            o = wgmma_map(o, _scale_rows, f)
+        vs = vpipe.consumer_wait()
+        return release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
+
+    @cuda.jit(device=True, inline="always")
     def consumer_lanes(w):
         """(w, the thread's index in its warpgroup, its lane, its first row in the warpgroup's 64 - its second is
         8 below). ``w`` is made again from ``threadIdx.x`` and broadcast from lane 0 (but with pingpong): see
@@ -384,20 +412,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 sacc = release_done(kpipe, sacc, lane)
                 p, f, state = softmax(sacc, 0, sk, m0, w, row0, scale_log2, state)
                 pf = wgmma_a_fragments(p, kind)  # (O is zero: block 0's factor f, 0, keeps it so)
-                for j in range(1, blocks):
-                    if take_turns:
-                        wait_turn(w)
-                    ks = kpipe.consumer_wait()
-                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
-                    if early_rescale:  # while S of block j runs: O (through block j - 2) to the maxima of block
-                        # j - 1, the reference of the P that P V of block j - 1 adds (O is in no wgmma now)
-                        o = wgmma_map(o, _scale_rows, f)
-                    vs = vpipe.consumer_wait()
-                    o = issue_pv(o, pf, smem, v_map, vs)
-                    if take_turns:
-                        pass_turn(w)
-                    # S of block j is done (P V of j - 1 runs on): its K stage goes back
-                    sacc = release_older(kpipe, sacc, lane)
+                for j in range(1, blocks):  # S of block j with P V of block j - 1
+                    sacc, o = issue_step(o, pf, f, smem, q_map, k_map, v_map, kpipe, vpipe, qs, w, lane)
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
                     if not early_rescale:
@@ -405,10 +421,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     pf = wgmma_a_fragments(p, kind)
                 if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
                     qpipe.consumer_release()
-                if early_rescale:
-                    o = wgmma_map(o, _scale_rows, f)
-                vs = vpipe.consumer_wait()
-                o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
+                o = last_pv(o, pf, f, smem, v_map, vpipe, lane)
             finish_item(o, state, b, h, m0, qs, w, tw, lane, row0, smem, qpipe, o_map, lse, sq, scale_log2)
         if take_turns:
             turn_finish(w, active)  # the other's last hand-over (balances its first)
@@ -451,13 +464,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     blocks = _key_blocks(m0, nkb, bn, causal)
                     row0 = m0 + WG_ROWS * w + row_in_wg
                     qs = qpipe.consumer_wait()
-                    ks = kpipe.consumer_wait()
-                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
-                    if early_rescale:
-                        o = wgmma_map(o, _scale_rows, f)
-                    vs = vpipe.consumer_wait()
-                    o = issue_pv(o, pf, smem, v_map, vs)
-                    sacc = release_older(kpipe, sacc, lane)
+                    sacc, o = issue_step(o, pf, f, smem, q_map, k_map, v_map, kpipe, vpipe, qs, w, lane)
                     if o_buffer and blocks == 1 and lane == 0:
                         qpipe.consumer_release()
                     p, f, nstate = softmax(sacc, 0, sk, m0, w, row0, scale_log2, fresh)
@@ -470,13 +477,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     item = (b, h, m0, qs, row0)
                     state = nstate
                 for j in range(1, blocks):  # the key blocks after the first: as in the per-item pipeline
-                    ks = kpipe.consumer_wait()
-                    sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
-                    if early_rescale:
-                        o = wgmma_map(o, _scale_rows, f)
-                    vs = vpipe.consumer_wait()
-                    o = issue_pv(o, pf, smem, v_map, vs)
-                    sacc = release_older(kpipe, sacc, lane)
+                    sacc, o = issue_step(o, pf, f, smem, q_map, k_map, v_map, kpipe, vpipe, qs, w, lane)
                     if o_buffer and j == blocks - 1 and lane == 0:
                         qpipe.consumer_release()
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
@@ -484,11 +485,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     if not early_rescale:
                         o = wgmma_map(o, _scale_rows, f)
                     pf = wgmma_a_fragments(p, kind)
-            # the last item's last P V and its epilogue
-            if early_rescale:
-                o = wgmma_map(o, _scale_rows, f)
-            vs = vpipe.consumer_wait()
-            o = release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
+            o = last_pv(o, pf, f, smem, v_map, vpipe, lane)  # the last item's last P V, then its epilogue
             pb, ph, pm0, pqs, prow0 = item
             finish_item(o, state, pb, ph, pm0, pqs, w, tw, lane, prow0, smem, qpipe, o_map, lse, sq, scale_log2)
         if tw == 0:
