@@ -190,13 +190,13 @@ def _sim_load(op, dtype):
     return load
 
 
-def _sim_arrive_cluster(addr):
+def _sim_arrive_cluster(addr, op="mbarrier_arrive_cluster"):
     s = sim()
     with s.lock:
         entry = sim_windows().get(int(addr))
     if entry is None or entry[0] is not None:
         raise s.SimulatedMisuse(
-            f"mbarrier_arrive_cluster: address {int(addr):#x} is not an mbarrier translated with mapa_barrier in "
+            f"{op}: address {int(addr):#x} is not an mbarrier translated with mapa_barrier in "
             f"this CTA (pass the uint32 that mapa_barrier(bar, rank) returned)"
         )
     mbarrier.sim_arrive(s.BarrierRef(int(addr), entry[1]))
@@ -338,7 +338,7 @@ def mbarrier_arrive_cluster(typingctx, addr):
     return types.void(addr), codegen
 
 
-@device_op(simulate=_sim_arrive_cluster)
+@device_op(simulate=lambda addr: _sim_arrive_cluster(addr, "mbarrier_arrive_cluster_cta"))
 def mbarrier_arrive_cluster_cta(typingctx, addr):
     """``mbarrier.arrive.shared::cluster.b64 _, [addr];`` - :func:`mbarrier_arrive_cluster` with the default
     semantics, release at *CTA* scope: for handing back a buffer this thread only *read* (a consumer giving a

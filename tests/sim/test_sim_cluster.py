@@ -21,6 +21,7 @@ from numbatma.intrinsics import (
     mapa_barrier,
     mapa_shared,
     mbarrier_arrive_cluster,
+    mbarrier_arrive_cluster_cta,
     st_cluster_u32,
 )
 from numbatma.intrinsics._sim import SimulatedHang, SimulatedMisuse
@@ -149,6 +150,12 @@ def not_a_barrier(out):
 
 
 @cuda.jit
+def not_a_barrier_cta(out):
+    buf = cuda.shared.array(4, np.uint32)
+    mbarrier_arrive_cluster_cta(mapa_shared(buf, 0))
+
+
+@cuda.jit
 def wait_without_arrive(out):
     barrier_cluster_wait()
 
@@ -162,6 +169,7 @@ def arrive_twice(out):
 @pytest.mark.parametrize("kernel, message", [
     (outside_the_array, "st_cluster_u32: address .* is not inside a shared array translated with mapa_shared"),
     (not_a_barrier, "mbarrier_arrive_cluster: address .* is not an mbarrier translated with mapa_barrier"),
+    (not_a_barrier_cta, "mbarrier_arrive_cluster_cta: address .* is not an mbarrier translated with mapa_barrier"),
     (wait_without_arrive, "barrier_cluster_wait: this thread has not arrived"),
     (arrive_twice, "barrier_cluster_arrive: this thread already arrived"),
 ])
@@ -186,3 +194,23 @@ def remote_arrive_never_completes(out):
 def test_missing_remote_arrival_is_a_hang():
     with pytest.raises(SimulatedHang, match="waits for 2 arrivals"):
         remote_arrive_never_completes[1, 2](np.zeros(1, np.uint32))
+
+
+@cuda.jit
+def remote_arrive_cta_scope(out):
+    bar = cuda.shared.array(1, np.uint64)
+    if cuda.threadIdx.x == 0:
+        numbatma.intrinsics.mbarrier_init(bar, 2)
+        numbatma.intrinsics.fence_mbarrier_init()
+    cluster_sync()
+    mbarrier_arrive_cluster_cta(mapa_barrier(bar, cluster_ctarank()))  # (both threads: the phase completes)
+    numbatma.intrinsics.mbarrier_wait_parity(bar, 0)
+    out[cuda.threadIdx.x] = 1
+
+
+def test_remote_arrive_at_cta_scope_completes_the_phase():
+    """``mbarrier_arrive_cluster_cta`` counts as an arrival on the barrier it names, as ``mbarrier_arrive_cluster``
+    does (only the memory ordering differs on the GPU): two arrivals complete the phase both threads wait on."""
+    out = np.zeros(2, np.uint32)
+    remote_arrive_cta_scope[1, 2](out)
+    assert out.tolist() == [1, 1]
