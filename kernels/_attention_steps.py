@@ -12,22 +12,22 @@ from ._attention_config import BM, LOG2E_F32, NEG_INF, POS_INF, ZERO
 
 # -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
 @cuda.jit(device=True, inline="always")
-def _max(a, b):
+def maximum(a, b):
     return max(a, b)
 
 
 @cuda.jit(device=True, inline="always")
-def _min(a, b):
+def minimum(a, b):
     return min(a, b)
 
 
 @cuda.jit(device=True, inline="always")
-def _add(a, b):
+def add(a, b):
     return a + b
 
 
 @cuda.jit(device=True, inline="always")
-def _masked(half, col, limits):
+def masked(half, col, limits):
     """Whether key ``kv0 + col`` is past the keys (``>= sk``) or, causal, after the row's query."""
     kv0, sk, row0, causal = limits
     key = kv0 + col
@@ -35,50 +35,51 @@ def _masked(half, col, limits):
 
 
 @cuda.jit(device=True, inline="always")
-def _mask(s, half, col, limits):
-    """-inf where :func:`_masked`."""
-    if _masked(half, col, limits):
+def mask_below(s, half, col, limits):
+    """-inf where :func:`masked`."""
+    if masked(half, col, limits):
         return NEG_INF
     return s
 
 
 @cuda.jit(device=True, inline="always")
-def _mask_above(s, half, col, limits):
-    """:func:`_mask` with +inf (a negative scale: the row's extremum is its raw minimum, and +inf · scale = -inf)."""
-    if _masked(half, col, limits):
+def mask_above(s, half, col, limits):
+    """:func:`mask_below` with +inf (a negative scale: the row's extremum is its raw minimum, and
+    +inf · scale = -inf)."""
+    if masked(half, col, limits):
         return POS_INF
     return s
 
 
 @cuda.jit(device=True, inline="always")
-def _mask_uniform(s, half, col, limits):
-    """scale 0: every logit 0, and -inf where :func:`_masked` (every key weighs exp2(0) = 1 or nothing)."""
-    if _masked(half, col, limits):
+def mask_uniform(s, half, col, limits):
+    """scale 0: every logit 0, and -inf where :func:`masked` (every key weighs exp2(0) = 1 or nothing)."""
+    if masked(half, col, limits):
         return NEG_INF
     return ZERO
 
 
 @cuda.jit(device=True, inline="always")
-def _exp2_shifted(s, half, col, st):
+def exp2_shifted(s, half, col, st):
     """``exp2(s · scale·log2 e - m_row)`` (``st = (scale_log2, m0, m1)``): one FFMA and one ``MUFU.EX2``
     (:func:`numbatma.intrinsics.fast_exp2`: a weight below 2^-126 flushes to 0, next to a row sum >= 1)."""
     return fast_exp2(s * st[0] - (st[1] if half == 0 else st[2]))
 
 
 @cuda.jit(device=True, inline="always")
-def _exp2_exact(s, half, col, st):
+def exp2_exact(s, half, col, st):
     """``exp2((s - M_row) · scale · log2 e)`` with ``M_row`` the row's raw extremum (``st = (scale, M0, M1)``):
     ``s - M`` has the sign opposite to the scale's, so the exponent is <= 0 or -inf, never inf - inf."""
     return fast_exp2((s - (st[1] if half == 0 else st[2])) * st[0] * LOG2E_F32)
 
 
 @cuda.jit(device=True, inline="always")
-def _scale_rows(o, half, col, f):
+def scale_rows(o, half, col, f):
     return o * (f[0] if half == 0 else f[1])
 
 
 @cuda.jit(device=True, inline="always")
-def _work(lse, heads, sq, sk, bn, cm):
+def work_counts(lse, heads, sq, sk, bn, cm):
     """(batch·heads, units of query blocks per head, key blocks, units, rounds of the persistent loop). A unit is
     one query block (``cm = 1``) or the ``cm`` query blocks of a cluster's CTAs (``cm = 2``: the last one of a
     head past the rows when their number is odd - computed on zeros, never stored)."""
@@ -90,7 +91,7 @@ def _work(lse, heads, sq, sk, bn, cm):
 
 
 @cuda.jit(device=True, inline="always")
-def _item(t, heads, batch_heads, nmb, causal, queries_fastest, cm):
+def work_item(t, heads, batch_heads, nmb, causal, queries_fastest, cm):
     """(batch, head, first query row) of work unit ``t`` (for this CTA of its cluster: query block ``cm u +
     rank``): query blocks in decreasing order when causal (the longest first); batch·head fastest, or the query
     block fastest."""
@@ -109,7 +110,7 @@ def _item(t, heads, batch_heads, nmb, causal, queries_fastest, cm):
 
 
 @cuda.jit(device=True, inline="always")
-def _unit(r, snake, cm):
+def work_unit(r, snake, cm):
     """The unit this CTA takes in round ``r``: :func:`persistent_item` over CTAs (``cm = 1``) or clusters."""
     if cm == 1:
         return persistent_item(r, snake)
@@ -128,4 +129,4 @@ def key_blocks(m0, nkb, bn, causal):
     return nkb
 
 
-_key_blocks = cuda.jit(device=True, inline="always")(key_blocks)
+key_blocks_device = cuda.jit(device=True, inline="always")(key_blocks)

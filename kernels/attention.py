@@ -115,23 +115,21 @@ from ._attention_config import (  # noqa: F401  (re-exported: the plan, tests an
     default_config,
 )
 
-
-
-from ._attention_steps import (  # noqa: F401  (key_blocks re-exported: the plan and tests name it here)
-    _add,
-    _exp2_exact,
-    _exp2_shifted,
-    _item,
-    _key_blocks,
-    _mask,
-    _mask_above,
-    _mask_uniform,
-    _max,
-    _min,
-    _scale_rows,
-    _unit,
-    _work,
+from ._attention_steps import (  # (key_blocks re-exported: the plan and tests name it here)
+    add,
+    exp2_exact,
+    exp2_shifted,
     key_blocks,
+    key_blocks_device,
+    mask_above,
+    mask_below,
+    mask_uniform,
+    maximum,
+    minimum,
+    scale_rows,
+    work_counts,
+    work_item,
+    work_unit,
 )
 
 
@@ -145,8 +143,8 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     exact = softmax_mode == "exact"
     zero = softmax_mode == "zero"
     # the row extremum: the max of the raw logits, or their min for a negative scale (max of the scaled ones)
-    extremum, far = (_min, POS_INF) if negative else (_max, NEG_INF)
-    mask = _mask_uniform if zero else (_mask_above if negative else _mask)
+    extremum, far = (minimum, POS_INF) if negative else (maximum, NEG_INF)
+    mask = mask_uniform if zero else (mask_above if negative else mask_below)
     m_start = far if exact else NEG_INF  # running extremum: raw ("exact") or scaled by scale·log2 e
     take_turns = schedule == "pingpong"
     snake = order == "snake"
@@ -224,7 +222,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             n_b = extremum(m_b, r_b)
             u_a = n_a if n_a != far else ZERO  # (a row with no key yet)
             u_b = n_b if n_b != far else ZERO
-            p = wgmma_map(s, _exp2_exact, (scale_log2, u_a, u_b))
+            p = wgmma_map(s, exp2_exact, (scale_log2, u_a, u_b))
             f_a = math.exp2((m_a - u_a) * scale_log2 * LOG2E_F32)
             f_b = math.exp2((m_b - u_b) * scale_log2 * LOG2E_F32)
         else:  # the extremum scaled: the max of S · scale·log2 e (a negative scale turns the raw min into it)
@@ -232,10 +230,10 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             n_b = max(m_b, r_b * scale_log2)
             u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
             u_b = n_b if n_b != NEG_INF else ZERO
-            p = wgmma_map(s, _exp2_shifted, (scale_log2, u_a, u_b))
+            p = wgmma_map(s, exp2_shifted, (scale_log2, u_a, u_b))
             f_a = math.exp2(m_a - u_a)
             f_b = math.exp2(m_b - u_b)
-        sum_a, sum_b = wgmma_row_reduce(p, _add, ZERO)
+        sum_a, sum_b = wgmma_row_reduce(p, add, ZERO)
         return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     @cuda.jit(device=True, inline="always")
@@ -245,7 +243,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         tile with ``o_buffer``) and TMA stores; without ``o_buffer``, the Q stage goes back once they have read it."""
         m_a, m_b, l_a, l_b = state
         # normalise, log-sum-exp, O through this warpgroup's rows of the Q stage
-        o = wgmma_map(o, _scale_rows, (ONE / l_a, ONE / l_b))
+        o = wgmma_map(o, scale_rows, (ONE / l_a, ONE / l_b))
         if lane % 4 == 0:
             if exact:  # M · scale + ln l: M · scale is ±inf only where the true lse is beyond float32
                 if row0 < sq:
@@ -293,16 +291,16 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         K and V."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
         # (the work counts are computed in each role, after setmaxnreg: values live across it get spilled)
-        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn, cluster_m)
+        batch_heads, nmb, nkb, total, rounds = work_counts(lse, heads, sq, sk, bn, cluster_m)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
                 for r in range(rounds):
-                    t = _unit(r, snake, cluster_m)
+                    t = work_unit(r, snake, cluster_m)
                     if t >= total:  # (only in the last round)
                         break
-                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
+                    b, h, m0 = work_item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
                     hk = h // group
-                    blocks = _key_blocks(m0, nkb, bn, causal)
+                    blocks = key_blocks_device(m0, nkb, bn, causal)
                     for j in range(blocks):
                         s = kpipe.producer_acquire()
                         load_kv(kpipe, smem, k_base + s * kv_elems, k_map, b, hk, j)
@@ -333,7 +331,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         ks = kpipe.consumer_wait()
         sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
         if early_rescale:  # while S runs: O to the maxima of the block whose P V follows
-            o = wgmma_map(o, _scale_rows, f)
+            o = wgmma_map(o, scale_rows, f)
         vs = vpipe.consumer_wait()
         o = issue_pv(o, pf, smem, v_map, vs)
         if take_turns:
@@ -345,7 +343,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         """The "overlap" schedule's last ``P V`` of an item (nothing to overlap it with), waited for; its V stage
         given back."""
         if early_rescale:
-            o = wgmma_map(o, _scale_rows, f)
+            o = wgmma_map(o, scale_rows, f)
         vs = vpipe.consumer_wait()
         return release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
 
@@ -365,7 +363,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         """Consumer warpgroup ``w``: its 64 rows of each item - the key blocks in the ``schedule``, then the
         epilogue."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
-        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn, cluster_m)
+        batch_heads, nmb, nkb, total, rounds = work_counts(lse, heads, sq, sk, bn, cluster_m)
         # The warpgroup index again, made here (after setmaxnreg and the work counts) and broadcast from lane 0
         # (shfl.sync.idx): ptxas then knows it is warp-uniform and keeps w, m0 + 64 w and the causal block test
         # in uniform registers. warp_specialize's w is a per-thread value from before the split, live across
@@ -377,11 +375,11 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         if take_turns:
             turn_start(w, active)  # consumer 0 issues first
         for r in range(rounds):
-            t = _unit(r, snake, cluster_m)
+            t = work_unit(r, snake, cluster_m)
             if t >= total:
                 break
-            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
-            blocks = _key_blocks(m0, nkb, bn, causal)
+            b, h, m0 = work_item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
+            blocks = key_blocks_device(m0, nkb, bn, causal)
             row0 = m0 + WG_ROWS * w + row_in_wg
             m_a = m_start  # running maxima (scaled by scale·log2 e; "exact": raw extrema) of the thread's rows
             m_b = m_start
@@ -395,7 +393,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     ks = kpipe.consumer_wait()
                     sacc = release_done(kpipe, issue_qk(smem, q_map, k_map, qs, w, ks), lane)
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
-                    o = wgmma_map(o, _scale_rows, f)
+                    o = wgmma_map(o, scale_rows, f)
                     vs = vpipe.consumer_wait()
                     o = release_done(vpipe, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs), lane)
                 if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
@@ -417,7 +415,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
                     if not early_rescale:
-                        o = wgmma_map(o, _scale_rows, f)  # O (through block j - 1) to the maxima of block j
+                        o = wgmma_map(o, scale_rows, f)  # O (through block j - 1) to the maxima of block j
                     pf = wgmma_a_fragments(p, kind)
                 if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
                     qpipe.consumer_release()
@@ -437,14 +435,14 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         epilogue frees its stage (``q_stages = 2``, or ``o_buffer``: Q's stage goes back after the item's last
         ``Q Kᵀ``) and a second V stage (the next item's first V loads before this one's last is released)."""
         smem, qpipe, kpipe, vpipe, q_map, k_map, v_map, o_map, lse, heads, group, sq, sk, scale_log2 = args
-        batch_heads, nmb, nkb, total, rounds = _work(lse, heads, sq, sk, bn, cluster_m)
+        batch_heads, nmb, nkb, total, rounds = work_counts(lse, heads, sq, sk, bn, cluster_m)
         w, tw, lane, row_in_wg = consumer_lanes(w)
         fresh = (m_start, m_start, ZERO, ZERO)  # an item's running (m_a, m_b, l_a, l_b) before its first block
-        t = _unit(0, snake, cluster_m)
+        t = work_unit(0, snake, cluster_m)
         if t < total:
             # the first item's first block: nothing to overlap it with
-            b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
-            blocks = _key_blocks(m0, nkb, bn, causal)
+            b, h, m0 = work_item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
+            blocks = key_blocks_device(m0, nkb, bn, causal)
             row0 = m0 + WG_ROWS * w + row_in_wg
             qs = qpipe.consumer_wait()
             ks = kpipe.consumer_wait()
@@ -457,11 +455,11 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             item = (b, h, m0, qs, row0)  # the item O accumulates: its epilogue comes after its last P V
             for r in range(rounds):
                 if r > 0:  # the next item: its first block's S issued with the last P V of the item O holds
-                    t = _unit(r, snake, cluster_m)
+                    t = work_unit(r, snake, cluster_m)
                     if t >= total:
                         break
-                    b, h, m0 = _item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
-                    blocks = _key_blocks(m0, nkb, bn, causal)
+                    b, h, m0 = work_item(t, heads, batch_heads, nmb, causal, queries_fastest, cluster_m)
+                    blocks = key_blocks_device(m0, nkb, bn, causal)
                     row0 = m0 + WG_ROWS * w + row_in_wg
                     qs = qpipe.consumer_wait()
                     sacc, o = issue_step(o, pf, f, smem, q_map, k_map, v_map, kpipe, vpipe, qs, w, lane)
@@ -483,7 +481,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
                     if not early_rescale:
-                        o = wgmma_map(o, _scale_rows, f)
+                        o = wgmma_map(o, scale_rows, f)
                     pf = wgmma_a_fragments(p, kind)
             o = last_pv(o, pf, f, smem, v_map, vpipe, lane)  # the last item's last P V, then its epilogue
             pb, ph, pm0, pqs, prow0 = item
