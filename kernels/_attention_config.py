@@ -29,6 +29,7 @@ NEG_INF = np.float32(-np.inf)
 POS_INF = np.float32(np.inf)
 LOG2E_F32 = np.float32(LOG2E)
 FLT_MAX = float(np.finfo(np.float32).max)
+RESCALE_THRESHOLD = np.float32(8.0)  # lazy_rescale: O kept at maxima up to 2^8 below the rows' (FA4's choice)
 FUSED_MAX_SCALE = 1.0  # |scale| up to this: the fused softmax (the default); beyond: "exact" (see softmax_mode)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
@@ -77,7 +78,15 @@ class AttentionConfig:
     attention only: both see every key block): each CTA TMA-loads half of every K and V tile and multicasts it
     into both, so each K/V byte leaves L2 once per pair (FA3's cluster for full attention at D >= 128). Measured on
     an H100: 5-8% behind the default at every head dim and length (the pair's pipelines run in lockstep; the K/V
-    traffic it saves was not what limited the kernel), so off by default."""
+    traffic it saves was not what limited the kernel), so off by default.
+
+    ``lazy_rescale``: O and the row sums are rescaled only when a row's maximum grows by more than
+    ``RESCALE_THRESHOLD`` (8, in log2 units: FA4's rule on Blackwell) - decided per warp (``vote.any``), so that a
+    warp whose 16 rows all stay within the threshold skips the ``D / 2`` multiplications a thread (and the two
+    ``exp2`` of the factors) with a branch. The weights are then ``exp2(S c - m)`` with ``m`` up to 8 below the
+    row's running maximum: at most 256, exact in float16 and bfloat16's range, the row sum and O in float32 -
+    the result is the same softmax (``O / l`` and the log-sum-exp ``m + log2 l`` do not depend on which ``m``).
+    The "fused" and "zero" softmax modes; the "exact" mode (|scale| > 1) always rescales."""
 
     bn: int
     stages: int
@@ -90,6 +99,7 @@ class AttentionConfig:
     o_buffer: bool = False
     carry: bool = False
     cluster_m: int = 1
+    lazy_rescale: bool = False
 
     @property
     def budget(self):
@@ -140,14 +150,15 @@ TUNE_SPACE = {
     256: (dict(schedule="overlap", producer_registers=24), dict(schedule="serial", producer_registers=40),
           dict(bn=96, schedule="serial", producer_registers=24)),
 }
-TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer", "carry", "cluster_m")
+TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer", "carry", "cluster_m",
+                "lazy_rescale")
 MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
 PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
                    producer_registers=None, causal=False, sk=None, o_buffer=None, carry=None,
-                   cluster_m=None):
+                   cluster_m=None, lazy_rescale=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 80 for full D = 256 and 64
     for causal D = 256 (S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64 and for
     D = 128 but causal attention over more than 2048 keys, one otherwise (measured on an H100: two Q stages +10% at
@@ -232,8 +243,11 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if cluster_m == 2 and causal:
         raise TensorMapError("Attention: cluster_m=2 (pairs of CTAs sharing K and V by multicast) is for full "
                              "attention: the causal mask gives neighbouring query blocks different key blocks")
+    if lazy_rescale is None:  # (H100: D = 128 +3..6%, D = 256 +4..5%; D = 64 -1..-5%: its O is 32 FMULs a block)
+        lazy_rescale = d != 64
+    lazy_rescale = bool_option("Attention", "lazy_rescale", lazy_rescale)
     return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes + (o_bytes if o_buffer else 0), schedule, order,
-                           sweep, q_stages, producer_registers, o_buffer, carry, cluster_m)
+                           sweep, q_stages, producer_registers, o_buffer, carry, cluster_m, lazy_rescale)
 
 
 def _padding(sk, bn):

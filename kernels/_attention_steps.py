@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from numbatma.intrinsics import cluster_ctarank, fast_exp2, persistent_item
+from numbatma.intrinsics import cluster_ctarank, fast_exp2, persistent_item, wgmma_map
 
 from ._attention_config import BM, LOG2E_F32, NEG_INF, POS_INF, ZERO
 
@@ -76,6 +76,16 @@ def exp2_exact(s, half, col, st):
 @cuda.jit(device=True, inline="always")
 def scale_rows(o, half, col, f):
     return o * (f[0] if half == 0 else f[1])
+
+
+@cuda.jit(device=True, inline="always")
+def rescale(o, f):
+    """O's rows times their factors ``f = (f_a, f_b, go)`` from the softmax: 64 ``FMUL`` a thread at D = 128 - or
+    none where ``go`` (warp-uniform) says no row of the warp changed its maximum (a lazy rescale: a branch around
+    them)."""
+    if f[2]:
+        return wgmma_map(o, scale_rows, f)
+    return o
 
 
 @cuda.jit(device=True, inline="always")

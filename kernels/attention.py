@@ -80,6 +80,7 @@ from numbatma.intrinsics import (
     wgmma_store,
     wgmma_wait_group,
     wgmma_zeros,
+    vote_any,
     warp_specialize,
     warpgroup_sync,
 )
@@ -108,6 +109,7 @@ from ._attention_config import (  # noqa: F401  (re-exported: the plan, tests an
     LOG2E_F32,
     ZERO,
     ONE,
+    RESCALE_THRESHOLD,
     AttentionConfig,
     softmax_mode,
     TUNE_SPACE,
@@ -126,6 +128,7 @@ from ._attention_steps import (  # (key_blocks re-exported: the plan and tests n
     mask_uniform,
     maximum,
     minimum,
+    rescale,
     scale_rows,
     work_counts,
     work_item,
@@ -135,8 +138,8 @@ from ._attention_steps import (  # (key_blocks re-exported: the plan and tests n
 
 @kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
-                      producer_registers=40, o_buffer=False, carry=False, cluster_m=1, softmax_mode="fused",
-                      negative=False):
+                      producer_registers=40, o_buffer=False, carry=False, cluster_m=1, lazy_rescale=False,
+                      softmax_mode="fused", negative=False):
     """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
     and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
     ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
@@ -225,16 +228,25 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             p = wgmma_map(s, exp2_exact, (scale_log2, u_a, u_b))
             f_a = math.exp2((m_a - u_a) * scale_log2 * LOG2E_F32)
             f_b = math.exp2((m_b - u_b) * scale_log2 * LOG2E_F32)
+            go = True
         else:  # the extremum scaled: the max of S · scale·log2 e (a negative scale turns the raw min into it)
             n_a = max(m_a, r_a * scale_log2)
             n_b = max(m_b, r_b * scale_log2)
-            u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
-            u_b = n_b if n_b != NEG_INF else ZERO
+            go = True
+            if lazy_rescale:  # keep the old maxima while no row of the warp grows past them by the threshold
+                go = vote_any(not (n_a - m_a <= RESCALE_THRESHOLD and n_b - m_b <= RESCALE_THRESHOLD)) != 0
+            if go:  # (a warp-uniform branch: the factors' exp2 and O's rescale skipped together)
+                u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
+                u_b = n_b if n_b != NEG_INF else ZERO
+            else:  # (m finite: n - m <= threshold; the weights below are at most 2^threshold)
+                n_a, n_b, u_a, u_b = m_a, m_b, m_a, m_b
             p = wgmma_map(s, exp2_shifted, (scale_log2, u_a, u_b))
-            f_a = math.exp2(m_a - u_a)
-            f_b = math.exp2(m_b - u_b)
+            f_a, f_b = ONE, ONE
+            if go:
+                f_a = math.exp2(m_a - u_a)
+                f_b = math.exp2(m_b - u_b)
         sum_a, sum_b = wgmma_row_reduce(p, add, ZERO)
-        return p, (f_a, f_b), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
+        return p, (f_a, f_b, go), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     @cuda.jit(device=True, inline="always")
     def finish_item(o, state, b, h, m0, qs, w, tw, lane, row0, smem, qpipe, o_map, lse, sq, scale_log2):
@@ -331,7 +343,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         ks = kpipe.consumer_wait()
         sacc = issue_qk(smem, q_map, k_map, qs, w, ks)
         if early_rescale:  # while S runs: O to the maxima of the block whose P V follows
-            o = wgmma_map(o, scale_rows, f)
+            o = rescale(o, f)
         vs = vpipe.consumer_wait()
         o = issue_pv(o, pf, smem, v_map, vs)
         if take_turns:
@@ -343,7 +355,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
         """The "overlap" schedule's last ``P V`` of an item (nothing to overlap it with), waited for; its V stage
         given back."""
         if early_rescale:
-            o = wgmma_map(o, scale_rows, f)
+            o = rescale(o, f)
         vs = vpipe.consumer_wait()
         return release_done(vpipe, issue_pv(o, pf, smem, v_map, vs), lane)
 
@@ -393,7 +405,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     ks = kpipe.consumer_wait()
                     sacc = release_done(kpipe, issue_qk(smem, q_map, k_map, qs, w, ks), lane)
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
-                    o = wgmma_map(o, scale_rows, f)
+                    o = rescale(o, f)
                     vs = vpipe.consumer_wait()
                     o = release_done(vpipe, issue_pv(o, wgmma_a_fragments(p, kind), smem, v_map, vs), lane)
                 if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
@@ -415,7 +427,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
                     if not early_rescale:
-                        o = wgmma_map(o, scale_rows, f)  # O (through block j - 1) to the maxima of block j
+                        o = rescale(o, f)  # O (through block j - 1) to the maxima of block j
                     pf = wgmma_a_fragments(p, kind)
                 if o_buffer and lane == 0:  # every Q Kᵀ of the item has completed: Q's stage goes back
                     qpipe.consumer_release()
@@ -481,7 +493,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     p, f, state = softmax(sacc, j, sk, m0, w, row0, scale_log2, state)
                     o = release_done(vpipe, o, lane)
                     if not early_rescale:
-                        o = wgmma_map(o, scale_rows, f)
+                        o = rescale(o, f)
                     pf = wgmma_a_fragments(p, kind)
             o = last_pv(o, pf, f, smem, v_map, vpipe, lane)  # the last item's last P V, then its epilogue
             pb, ph, pm0, pqs, prow0 = item
@@ -544,7 +556,7 @@ class Attention(Plan):
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
                  schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, o_buffer=None,
-                 carry=None, cluster_m=None, grid=None, autotune=False):
+                 carry=None, cluster_m=None, lazy_rescale=None, grid=None, autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -598,7 +610,7 @@ class Attention(Plan):
             return
         tile = dict(bn=bn, stages=stages, schedule=schedule, q_stages=q_stages,  # (TILE_OPTIONS, in its order)
                     producer_registers=producer_registers, o_buffer=o_buffer, carry=carry,
-                    cluster_m=cluster_m)
+                    cluster_m=cluster_m, lazy_rescale=lazy_rescale)
         if bool_option(op, "autotune", autotune):
             given = {name: value for name, value in tile.items() if value is not None}
             if given:
@@ -636,7 +648,7 @@ class Attention(Plan):
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
                                cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer, cfg.carry,
-                               cfg.cluster_m)
+                               cfg.cluster_m, cfg.lazy_rescale)
         self._take_lse(q, lse)  # (only now: an option refused above allocates nothing)
         self._use_kernel()
 

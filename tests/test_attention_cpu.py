@@ -233,6 +233,7 @@ def test_scale_beyond_float32_is_refused(bad):
     (dict(schedule=None, order=None), "order must be .*'snake'.*'cyclic', got None"),
     (dict(carry=True), "carry=True .* head dim 64 only, got 128"),
     (dict(carry="no"), "carry must be True or False, got 'no'"),
+    (dict(lazy_rescale=1), "lazy_rescale must be True or False, got 1"),
     (dict(cluster_m=3), "cluster_m must be an int(?:eger)? in 1..2, got 3"),
     (dict(cluster_m=2, causal=True), "cluster_m=2 .* is for full attention"),
     (dict(cluster_m=2, grid=7), "grid=7 with cluster_m=2: the grid must be a multiple of the cluster"),
@@ -307,10 +308,13 @@ def test_scale_assigned_after_building_switches_the_kernel():
 # fast_exp2 - the compare and the two predicated FMULs per exp2 it removes are not counted here; the total (3272,
 # was 3656) is not compared: it moves with the nvJitLink version. FMUL 140 -> 204: O's rescale moved under S's
 # wgmma (issue 24), so the last block's rescale after the loop is a second copy of the 64 (the same count runs).
-DEFAULT_MIX = {"FFMA": 159, "FMUL": 204, "FADD": 146, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 138,
+# The lazy rescale (D = 128's default since issue 24's fourth session): per softmax site one n - m per row for the
+# threshold (sub.f32 132 -> 134, add.f32 142 -> 144 in PTX; FADD 146 -> 150 and FSEL 138 -> 134 in SASS: the -inf
+# guards' selects now under the branch, merged).
+DEFAULT_MIX = {"FFMA": 159, "FMUL": 204, "FADD": 150, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 134,
                "MUFU.RCP": 13}
 DEFAULT_PTX_MIX = {"ex2.approx.f32": 4, "ex2.approx.ftz.f32": 128, "fma.rn.f32": 28, "max.f32": 140,
-                   "mul.f32": 332, "sub.f32": 132, "add.f32": 142, "selp.f32": 138}
+                   "mul.f32": 332, "sub.f32": 134, "add.f32": 144, "selp.f32": 138}
 
 
 def _mix(d, scale, causal=False, schedule=None):
@@ -345,6 +349,25 @@ def test_weights_take_one_mufu_each():
     plan, sass, _ = _mix(128, None)
     assert sass.count("MUFU.EX2") == 132
     assert sass.count("FSETP.GEU.AND") <= 8
+    # and (same kernel, one compile) D = 128's lazy rescale: each rescale of O - 64 FMULs in a row, in the loop and
+    # for the last block - sits behind a (warp-uniform) branch that skips it where no row's maximum moved enough
+    assert plan.config.lazy_rescale
+    guards = _rescale_guards(sass, 64)
+    assert len(guards) == 2 and all(g.startswith("@") and " BRA " in g for g in guards), guards
+
+
+def _rescale_guards(sass, rows):
+    """The instruction before each run of at least ``rows`` consecutive ``FMUL``s (O's rescale) in ``sass``."""
+    lines = [line.split("*/")[1].split(";")[0].strip() for line in sass.splitlines() if "*/" in line and ";" in line]
+    guards, i = [], 0
+    while i < len(lines):
+        j = i
+        while j < len(lines) and lines[j].startswith("FMUL R"):
+            j += 1
+        if j - i >= rows:
+            guards.append(lines[i - 1])
+        i = max(j, i + 1)
+    return guards
 
 
 @pytest.mark.parametrize("d, scale, causal, schedule", [

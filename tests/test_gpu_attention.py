@@ -78,7 +78,9 @@ TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule=
          dict(d=128, q_stages=2, o_buffer=False), dict(d=128, q_stages=1, o_buffer=True, schedule="serial"),
          dict(d=64, bn=128, o_buffer=False), dict(d=256, bn=80, schedule="overlap", producer_registers=24),
          dict(d=64, carry=True), dict(d=64, bn=192, carry=True), dict(d=64, q_stages=1, o_buffer=True, carry=True),
-         dict(d=64, q_stages=2, o_buffer=True, carry=True)]
+         dict(d=64, q_stages=2, o_buffer=True, carry=True),
+         dict(d=64, lazy_rescale=True), dict(d=128, lazy_rescale=False), dict(d=256, lazy_rescale=False),
+         dict(d=128, schedule="pingpong"), dict(d=128, schedule="serial"), dict(d=64, carry=True, lazy_rescale=True)]
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
@@ -129,14 +131,17 @@ def test_different_query_and_key_lengths(sq, sk, causal):
     run_case(2, 2, 2, sq, sk, 128, causal)
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_rising_and_falling_row_maxima(dtype, d, causal):
+def test_rising_and_falling_row_maxima(dtype, d, causal, lazy):
     """A wide dynamic range along the keys: logits that rise by ~13 log2 units per 128 keys in some rows (the
     running maxima move on every block: O rescaled each time), fall in others (the first block's maximum holds),
     stay flat or rise slowly - mixed within every warp. Unrescaled, the rising rows' weights would overflow float16
-    (2^100); a wrong rescale factor shows on O and the log-sum-exp."""
+    (2^100); a wrong rescale factor shows on O and the log-sum-exp. ``lazy_rescale``: the slow rows (0.5: under
+    the threshold of 8 log2 units for several blocks, then past it) keep stale maxima between rescales, and a
+    warp whose rows rise fast rescales them all."""
     b, h, sq, sk = 1, 2, 1000, 1000
     gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
     q = torch.randn((b, h, sq, d), device="cuda", generator=gen) * 0.3
@@ -148,7 +153,7 @@ def test_rising_and_falling_row_maxima(dtype, d, causal):
     q, k, v = (x.to(TORCH[dtype]) for x in (q, k, v))
     o = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
-    plan = Attention(q, k, v, o, lse, causal=causal)
+    plan = Attention(q, k, v, o, lse, causal=causal, lazy_rescale=lazy)
     plan.launch()
     torch.cuda.synchronize()
     ref, ref_lse = reference(q, k, v, causal, plan.scale)
@@ -193,7 +198,7 @@ SCALES = [None, 0.0, -0.3, -1.0, 1e-30, 1.5, 1e30, -1e30, 3e38, -3e38]  # None: 
 HUGE = 1e6  # scales beyond this: integer-valued inputs (every logit exact in float32, ties shared as in float64)
 
 
-def check_scale(scale, causal, sq, sk, d, dtype="bfloat16", plan=None, arrays=None):
+def check_scale(scale, causal, sq, sk, d, dtype="bfloat16", plan=None, arrays=None, **options):
     """One launch (a new plan, or ``plan`` with its scale reassigned) against the float64 reference, o and lse
     NaN-poisoned first; returns the plan."""
     if arrays is None:
@@ -206,7 +211,7 @@ def check_scale(scale, causal, sq, sk, d, dtype="bfloat16", plan=None, arrays=No
     if plan is None:
         o = torch.empty_like(q)
         lse = torch.empty((1, 2, sq), device="cuda", dtype=torch.float32)
-        plan = Attention(q, k, v, o, lse, causal=causal, scale=scale)
+        plan = Attention(q, k, v, o, lse, causal=causal, scale=scale, **options)
     else:
         plan.scale = scale
         o, lse = plan.output
@@ -231,6 +236,14 @@ def check_scale(scale, causal, sq, sk, d, dtype="bfloat16", plan=None, arrays=No
                          ids=["ragged-d64", "ragged-d128", "one-ragged-block-d256"])
 def test_every_finite_scale(scale, causal, sq, sk, d):
     check_scale(scale, causal, sq, sk, d)
+
+
+@pytest.mark.parametrize("scale", [None, 0.0, -0.3, 1e-30, 1.5, -1e30], ids=lambda s: "default" if s is None else f"{s:g}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lazy_rescale_every_scale_mode(scale, causal):
+    """``lazy_rescale=True`` in every softmax mode (the "fused" mode's stale maxima, a negative scale's minima,
+    "zero", and "exact", which rescales eagerly whatever the option) against the float64 reference."""
+    check_scale(scale, causal, 300, 1000, 128, lazy_rescale=True)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -21,7 +21,6 @@ def two_sms(monkeypatch):
 CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, layout, bn, schedule)
     (1, 1, 1, 100, 70, 64, False, "bhsd", 64, None),  # ragged ends, one query block, two key blocks; pingpong
     (1, 2, 1, 130, 40, 64, True, "bshd", 64, None),  # causal diagonal, two query blocks, GQA, (B, S, H, D)
-    (1, 1, 1, 17, 40, 128, False, "bhsd", 32, None),  # D = 128 (two chunks), a tiny query block, bn = 32
     (1, 1, 1, 70, 100, 64, True, "bhsd", 32, "serial"),  # each product waited for in turn; four key blocks
     (1, 1, 1, 64, 150, 64, False, "bhsd", 48, "overlap"),  # intra-warpgroup overlap only; bn = 48
 ]
@@ -48,6 +47,14 @@ def test_a_wide_key_block():
     """FA3's D = 128 tile width: ``bn = 176`` (not a power of two: 11 k-steps of P V), a ragged second key block
     (200 = 176 + 24) under the causal mask, the 240-register consumer budget's sibling (``producer_registers=32``)."""
     check(1, 1, 1, 40, 200, 64, True, "bhsd", 176, "overlap", producer_registers=32)
+
+
+def test_lazy_rescale_keeps_and_moves_maxima():
+    """D = 128 (two chunks; its default ``lazy_rescale``), a tiny query block, bn = 32, logits rising and falling
+    along the keys: in the second key block the slow rows stay within the threshold (their maxima kept, weights
+    above 1) while the fast rows of the same warp move theirs (~80 log2 units: O rescaled for the warp)."""
+    plan = check(1, 1, 1, 17, 40, 128, False, "bhsd", 32, None, trend=True)
+    assert plan.config.lazy_rescale
 
 
 def test_one_q_stage_own_o_buffer():
@@ -104,3 +111,4 @@ def check(b, hq, hk, sq, sk, d, causal, layout, bn, schedule, integers=False, tr
         assert lse_error(got_lse, ref_lse, rel=1e-5, atol=1e-4) <= 0
     else:
         assert np.abs(got_lse - ref_lse).max() <= 1e-4 * np.abs(ref_lse).max() + 1e-4
+    return plan
