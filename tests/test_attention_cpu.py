@@ -309,9 +309,8 @@ def test_scale_assigned_after_building_switches_the_kernel():
 # was 3656) is not compared: it moves with the nvJitLink version. FMUL 140 -> 204: O's rescale moved under S's
 # wgmma (issue 24), so the last block's rescale after the loop is a second copy of the 64 (the same count runs).
 # The lazy rescale (D = 128's default since issue 24's fourth session): per softmax site one n - m per row for the
-# threshold (sub.f32 132 -> 134, add.f32 142 -> 144 in PTX; FADD 146 -> 150 and FSEL 138 -> 134 in SASS: the -inf
-# guards' selects now under the branch, merged).
-DEFAULT_MIX = {"FFMA": 159, "FMUL": 204, "FADD": 150, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 134,
+# threshold (sub.f32 132 -> 134, add.f32 142 -> 144 in PTX; FADD 146 -> 150 in SASS).
+DEFAULT_MIX = {"FFMA": 159, "FMUL": 204, "FADD": 150, "FMNMX": 140, "MUFU.EX2": 132, "FSEL": 138,
                "MUFU.RCP": 13}
 DEFAULT_PTX_MIX = {"ex2.approx.f32": 4, "ex2.approx.ftz.f32": 128, "fma.rn.f32": 28, "max.f32": 140,
                    "mul.f32": 332, "sub.f32": 134, "add.f32": 144, "selp.f32": 138}
