@@ -49,6 +49,8 @@ def test_tile_choice():
     assert default_config(256, schedule="serial").producer_registers == 40
     assert default_config(256).budget.consumer == 240 and default_config(128).budget.consumer == 232
     assert default_config(128).sweep == "queries" and default_config(128, causal=True).sweep == "heads"
+    assert default_config(128, causal=True, sk=2048).sweep == "queries"  # (short causal: measured, --only tiles)
+    assert default_config(128, causal=True, sk=2049).sweep == "heads"
     assert default_config(64, sk=8192).bn == 192 and default_config(64, sk=16384).bn == 192  # (pads < 1%)
     assert default_config(64, sk=1024).bn == 128 and default_config(64, sk=2048).bn == 128  # (12.5%, 3.1%)
     assert default_config(64).order == "snake"
