@@ -165,7 +165,9 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     D = 128 but causal attention over more than 2048 keys, one otherwise (measured on an H100: two Q stages +10% at
     D = 64 S = 1024, where 4 K/V stages still fit; at D = 128, where they leave room for 2 K/V stages instead of 3,
     +2% full at S = 8192, +6-7% full and +1.5-6% causal at S <= 1024, +2.3% causal at 2048, -2% causal at 8192); as many K/V stages as shared memory then holds, at most 4 (2 for D = 256); the "overlap" schedule; the producer's register budget 24 for D = 256 overlapped (its consumers get
-    240: S, P and O fit without spilling, full and causal, every softmax mode), 40 otherwise; the snake order over
+    240: S, P and O fit without spilling, full and causal, every softmax mode) but causal over up to 2048 keys (the
+    query-first sweep's item arithmetic spills in a 24-register producer; 40 leaves 232, enough for 64-key blocks),
+    40 otherwise; the snake order over
     items numbered (batch, head) first for causal attention over more than 2048 keys, query block first otherwise
     (``sweep``). ``causal``:
     the plan's mask (the tile may depend on it); ``sk``: the key length, when known (full D = 64 takes 128-key blocks where 192 would pad the
@@ -224,7 +226,9 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
                              f"{' and an O buffer' if o_buffer else ''}); at most {fit} stages fit in "
                              f"the {SMEM_PER_BLOCK} bytes a block may use")
     if producer_registers is None:
-        producer_registers = 24 if d == 256 and schedule != "serial" else 40
+        # (causal with the query-first sweep: the producer's item arithmetic spills at 24 - to local memory, once
+        # an item; with 40 the consumers get 232, which a causal D = 256 block of 64 keys fits without spilling)
+        producer_registers = 24 if d == 256 and schedule != "serial" and not (causal and sweep == "queries") else 40
     producer_registers = int_option("Attention", "producer_registers", producer_registers, 24, 40)
     if producer_registers not in PRODUCER_REGISTERS:
         raise TensorMapError(f"Attention: producer_registers must be one of {PRODUCER_REGISTERS} (setmaxnreg takes "

@@ -165,7 +165,10 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     q_release = store_release(0)  # the Q stage, once the epilogue's TMA stores have read it
     out_tile = store_buffers(1)  # O's staging tile: the consumer's rows of the Q stage, or of its own tile
     queries_fastest = sweep == "queries"
-    early_rescale = d == 128  # O's rescale under S's wgmma: +2.5% causal D = 128; -2..-4% at D = 256 (H100)
+    # O's rescale under S's wgmma: +2.5% causal D = 128 (eager), +2.6% with the lazy rescale; at D = 256 -2..-4%
+    # eager, with the lazy rescale +1.5% causal and +0.7% full (ratios to cuDNN, H100; not in the "exact" mode, which
+    # rescales eagerly: its D = 256 kernels spill with it)
+    early_rescale = d == 128 or (d == 256 and lazy_rescale and not exact)
     chunks = d // CHUNK
     box_q = WG_ROWS * CHUNK  # elements of one Q box (64 x 64)
     box_kv = bn * CHUNK  # elements of one K or V chunk (bn x 64)
