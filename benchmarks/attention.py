@@ -13,8 +13,8 @@ each after a 256 MiB L2-evicting memset, between CUDA events; the median per imp
 cases the GPU's clocks drift down as it heats, which would penalise whichever implementation ran last.) Every
 implementation's output is compared with torch's float32 SDPA before it is timed (FAIL printed, the run goes on).
 Writes attention.json / attention.md / attention.png (TFLOP/s vs sequence length) to $OUT (or next to this file).
-``tiles`` (not in the default sections): the options in TILE_VARIANTS (the last experiment's: the lazy rescale;
-earlier runs: FA3's D = 128 register split and tile, CTA pairs multicasting K and V, the pipeline carried across items, the key-length thresholds of the defaults, o_buffer, q_stages, FA3's wider key blocks, the 240-register consumers, the sweep, pingpong) against the default
+``tiles`` (not in the default sections): the options in TILE_VARIANTS (the last experiment's: D = 256's producer registers with the
+query-first causal sweep; earlier runs: the lazy rescale, the causal sweep at short lengths, FA3's D = 128 register split and tile, CTA pairs multicasting K and V, the pipeline carried across items, the key-length thresholds of the defaults, o_buffer, q_stages, FA3's wider key blocks, the 240-register consumers, the sweep, pingpong) against the default
 and cuDNN on TILE_CASES, each checked first;
 ``--prewarm N`` compiles every kernel of the run in N processes first (into the on-disk cache).
 
