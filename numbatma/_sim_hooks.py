@@ -195,10 +195,21 @@ def install_simulator():
     manager_cls = sim_kernel.BlockManager
 
     def _abort_all(threads):
+        """Abort every thread of the block and let them end before the failing thread's exception leaves the
+        launch (upstream raises at once and leaves them running): a thread of the failed launch still inside the
+        kernel afterwards calls its device functions with no kernel context, and Numba's simulator then swaps
+        those functions' module global ``cuda`` to ``None`` - under the threads of the *next* launch, which fail
+        with "'NoneType' object has no attribute 'shared'" (seen once in CI, in a planted-bug test that launches
+        a failing kernel five times). A thread ends at its next wait or barrier (both test ``abort``); the join
+        gives up after 10 s (a thread in a loop with neither)."""
         for t in threads:
             t.abort = True
             t.syncthreads_blocked = False
             t.syncthreads_event.set()
+        deadline = _time.monotonic() + 10.0
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - _time.monotonic()))
 
     def manager_run(self, grid_point, *args):
         def target():

@@ -275,3 +275,42 @@ def test_a_barrier_taken_through_mbarrier_ref_is_named_by_its_array_and_index():
     declared = first + next(i for i, text in enumerate(lines) if "bars = cuda.shared.array" in text)
     with pytest.raises(SimulatedHang, match=rf"'bars\[1\]' \(declared at .*test_sim_diagnostics.py:{declared}\)"):
         kernel[1, 2](np.zeros(2, np.int32))
+
+
+# -- a failing thread: the launch ends only once every thread of the block has -----------------------------
+@cuda.jit(device=True)
+def _count_up(n):
+    s = 0
+    for i in range(n):
+        s += i % 3
+    return s
+
+
+@cuda.jit
+def thread0_fails(out, n):
+    t = cuda.threadIdx.x
+    if t == 0:
+        out[out.shape[0]] = 1.0  # (out of bounds: an IndexError in the simulator)
+    out[t] = _count_up(n)  # (the other threads are inside a device function when thread 0 fails)
+
+
+@cuda.jit
+def each_thread_counts(out, n):
+    out[cuda.threadIdx.x] = _count_up(n)
+
+
+def test_a_failed_launch_leaves_no_thread_running():
+    """When one simulated thread raises, the launch raises its exception only after the block's other threads
+    have ended (numbatma's block manager joins them; upstream's leaves them running): a thread of a failed launch
+    still inside a device function swapped that function's ``cuda`` global to ``None`` under the next launch's
+    threads ("'NoneType' object has no attribute 'shared'", once in CI). The next launch then runs clean."""
+    import threading
+
+    out = np.zeros(32, np.float32)
+    with pytest.raises(IndexError):
+        thread0_fails[1, 32](out, 20000)
+    alive = [t for t in threading.enumerate() if type(t).__name__ == "BlockThread" and t.is_alive()]
+    assert not alive, f"{len(alive)} simulated threads of the failed launch still running"
+    good = np.zeros(32, np.float32)
+    each_thread_counts[1, 32](good, 30)
+    assert (good == sum(i % 3 for i in range(30))).all()
