@@ -41,7 +41,8 @@ the debug mode is on; ``numbatma/__init__.py`` runs 7 under the simulator; 12 is
    passes: the replacement accepts it and returns the simulator engine's ``SharedArray`` views (``_registry.simulator``) (the
    simulator's race checks); ``numba.cuda.simulator.kernel.BlockThread.syncthreads`` is wrapped so block
    barriers pass on what each thread knows complete, and ``BlockThread.run`` so the engine sees each thread
-   start and end; ``BlockManager.run`` is replaced by one that sleeps between polls; ``FakeCUDAModule`` gets
+   start and end; ``BlockManager.run`` is replaced by one that sleeps between polls and, when a thread fails, ends
+   the block's other threads before it raises; ``FakeCUDAModule`` gets
    the warp operations it lacks (``syncwarp``, ``shfl_*_sync``) and the libdevice functions kernels use;
    ``FakeCUDADevice`` reports 2 SMs and Hopper's shared-memory opt-in limit. Parity with the GPU build
    (:func:`install_simulator_launches`, points listed by :func:`_simulator_jit_points`): the simulator's

@@ -194,7 +194,7 @@ def install_simulator():
 
     manager_cls = sim_kernel.BlockManager
 
-    def _abort_all(threads):
+    def _abort_all(threads, manager=None):
         """Abort every thread of the block and let them end before the failing thread's exception leaves the
         launch (upstream raises at once and leaves them running): a thread of the failed launch still inside the
         kernel afterwards calls its device functions with no kernel context, and Numba's simulator then swaps
@@ -206,6 +206,9 @@ def install_simulator():
             t.abort = True
             t.syncthreads_blocked = False
             t.syncthreads_event.set()
+        engine = _registry.simulator()
+        if engine is not None and manager is not None:
+            engine.wake_block(manager)  # (threads waiting on a barrier or a warp exchange: at once, not at a timeout)
         deadline = _time.monotonic() + 10.0
         for t in threads:
             if t is not threading.current_thread():
@@ -227,7 +230,7 @@ def install_simulator():
                 if t.syncthreads_blocked:
                     blocked += 1
                 elif t.exception:
-                    _abort_all(threads)
+                    _abort_all(threads, self)
                     raise t.exception[0].with_traceback(t.exception[1])
             if blocked == len(live):  # every live thread waits in syncthreads: release them together
                 for t in live:
