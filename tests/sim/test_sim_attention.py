@@ -22,10 +22,10 @@ CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, layout, bn, sc
     (1, 1, 1, 100, 70, 64, False, "bhsd", 64, None),  # ragged ends, one query block, two key blocks; pingpong
     (1, 2, 1, 130, 40, 64, True, "bshd", 64, None),  # causal diagonal, two query blocks, GQA, (B, S, H, D)
     (1, 1, 1, 70, 100, 64, True, "bhsd", 32, "serial"),  # each product waited for in turn; four key blocks
-    (1, 1, 1, 64, 150, 64, False, "bhsd", 48, "overlap"),  # intra-warpgroup overlap only; bn = 48
+    (1, 1, 1, 64, 100, 64, False, "bhsd", 48, "overlap"),  # intra-warpgroup overlap only; bn = 48 (3 blocks)
 ]
 ORDER_CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, order, sweep): a grid of 2 CTAs
-    (1, 3, 1, 100, 90, 64, True, "snake", "heads"),  # 3 items: in round 1 (reversed) CTA 0 has none
+    (1, 3, 1, 100, 60, 64, True, "snake", "heads"),  # 3 items: in round 1 (reversed) CTA 0 has none
     # (cyclic order, query blocks fastest, 3 rounds: tests/test_gpu_attention.py::test_item_orders, every order x
     # sweep x mask on the GPU; the simulator case took a minute of the CPU suite)
 ]
