@@ -180,9 +180,9 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     (causal +2.5%, but its SASS spills: not taken), wider blocks at D = 128 (FA3's 176) 4-7% behind 128; snake 10%
     ahead of cyclic for causal; the query-first sweep 24-30% behind for causal at S >= 4096 (its longest items
     all come first, to the same CTAs) but ahead at S <= 2048 (D = 128: +25% at S = 512, +14% at 1024, +6% at 2048;
-    the CTAs running at once share each head's K and V), and 0-7.5% ahead for full attention (B4 S1024 D128 +7.5%, D256 S8192 +4%, D128 S8192 equal: the
-    CTAs running at once share the K and V of fewer heads in L2); at S = 1024, D = 64, 128-key blocks 15% ahead of
-    192."""
+    the CTAs running at once share each head's K and V), and 0-7.5% ahead for full attention (B4 S1024 D128
+    +7.5%, D256 S8192 +4%, D128 S8192 equal: the CTAs running at once share the K and V of fewer heads in L2);
+    at S = 1024, D = 64, 128-key blocks 15% ahead of 192."""
     short = sk is not None and sk <= 2048  # (a few key blocks per item: the per-item costs weigh more)
     if sweep is None:  # (causal, S <= 2048, queries first: D = 128 +25/+14/+6% at S = 512/1024/2048, D = 256
         # +44/+22/+7%, D = 64 +9/+1/-1%; at S = 4096 -24..-29%, where the longest items pile up on the same CTAs)

@@ -27,8 +27,9 @@ for the order, ``pingpong(2)`` for the turns, ``wait_release`` for the K/V stage
   (64 x D, float32) and the running row maxima and sums. Per key block: ``S = Q Kᵀ`` (wgmma, both operands
   from shared memory), release K; mask (only the blocks that need it: the ragged last block, the causal
   diagonal); row maxima over the quad (:func:`wgmma_row_reduce`), ``P = exp2(S · scale·log2 e - m)`` and the
-  correction of O and of the row sums (:func:`wgmma_map`); ``O += P V`` with P straight from registers
-  (:func:`wgmma_a_fragments`: no shared memory for P), release V.
+  correction of O and of the row sums (:func:`wgmma_map`; with ``lazy_rescale`` only when a row's maximum grew
+  by more than a factor 2^8 - a warp-uniform branch around it, decided by ``vote.any``); ``O += P V`` with P
+  straight from registers (:func:`wgmma_a_fragments`: no shared memory for P), release V.
 * **Epilogue**: ``O / l`` in registers, the log-sum-exp of each row (plain stores of its four-thread quad's
   first lane), O into the consumer's own 64 rows of the Q tile (swizzled, :func:`wgmma_store`) and TMA
   stores (clipped at the sequence end: never a byte outside ``o``); the Q stage goes back to the producer once
@@ -553,7 +554,8 @@ class Attention(Plan):
     ``lse``. Options: ``causal``, ``scale`` (default ``1 / sqrt(D)``), ``layout`` ("bhsd" or "bshd"), ``bn``,
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
     "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40), ``o_buffer`` (True, False; default
-    False), ``carry`` (True, False; head dim 64), ``cluster_m`` (1 or 2; full attention) - :class:`AttentionConfig`
+    False), ``carry`` (True, False; head dim 64), ``cluster_m`` (1 or 2; full attention), ``lazy_rescale`` (True,
+    False; default True for head dims 128 and 256) - :class:`AttentionConfig`
     says what they do - ``autotune`` (True: the tile options are chosen by timing the default and
     :data:`TUNE_SPACE`'s configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning``
     says what was measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
