@@ -47,6 +47,8 @@ from numbatma.intrinsics import (
     elect_one_sync,
     fence_proxy_async_shared_cta,
     named_barrier_sync,
+    row_max,
+    row_sum,
     setmaxnreg_dec,
     setmaxnreg_inc,
     shared_view,
@@ -77,16 +79,6 @@ MAX_REGISTERS, PRODUCER_REGISTERS, CONSUMER_REGISTERS = 168, 40, 232
 NEG_INF, ZERO, ONE = np.float32(-np.inf), np.float32(0.0), np.float32(1.0)
 
 _jit = cuda.jit if numbatma.SIMULATING else cuda.jit(max_registers=MAX_REGISTERS)
-
-
-@cuda.jit(device=True, inline="always")
-def row_max(a, b):
-    return max(a, b)
-
-
-@cuda.jit(device=True, inline="always")
-def row_sum(a, b):
-    return a + b
 
 
 @cuda.jit(device=True, inline="always")

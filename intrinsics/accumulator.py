@@ -14,19 +14,15 @@ lane ``l``, ``g = l // 4``, ``q = l % 4``) two rows of the tile: row ``16 w + g`
 * ``wgmma_row_reduce(acc, fn, init)``: ``(row_half_0, row_half_1)``: ``fn`` folded over the thread's registers
   of each row half starting from ``init``, then over the quad (two ``shfl.sync.bfly`` steps), so every thread
   gets the reduction over its whole rows of the tile. ``fn(a, b)`` must be associative and commutative
-  (``max``, ``+``).
+  (``max``, ``+``): :func:`row_max`, :func:`row_min` and :func:`row_sum` are the usual ones.
 
 Online softmax in a few lines (``scale_log2 = scale * log2(e)``)::
-
-    @cuda.jit(device=True, inline="always")
-    def fmax(a, b):
-        return max(a, b)
 
     @cuda.jit(device=True, inline="always")
     def exp2_shifted(s, half, col, st):          # st = (scale_log2, m0, m1)
         return exp2(s * st[0] - (st[1] if half == 0 else st[2]))
 
-    r0, r1 = wgmma_row_reduce(s_acc, fmax, -inf)
+    r0, r1 = wgmma_row_reduce(s_acc, row_max, -inf)
     m0, m1 = max(m0, r0 * scale_log2), max(m1, r1 * scale_log2)
     p = wgmma_map(s_acc, exp2_shifted, (scale_log2, m0, m1))
 
@@ -45,11 +41,13 @@ import types as _pytypes
 
 import numpy as np
 
+from numba import cuda
+
 from ._asm import Ptx
 from ._define import SIMULATING, device_op, fail, sim
 from .wgmma import wgmma_row_col  # (the layout the docstring describes; the simulator's column of a register)
 
-__all__ = ["wgmma_map", "wgmma_row_reduce"]
+__all__ = ["wgmma_map", "wgmma_row_reduce", "row_max", "row_min", "row_sum"]
 
 _LANE = Ptx("mov.u32 $lane, %laneid;", out=("lane", "b32"), memory=False, min_sm=20)
 _SHFL_BFLY = Ptx("shfl.sync.bfly.b32 $out, $value, $lanemask, 0x1f, 0xffffffff;", ins=(("value", "b32"),),
@@ -187,3 +185,22 @@ def _sim_row_reduce(acc, fn, init):
         for h in (0, 1):
             rows[h] = np.float32(fn(rows[h], np.float32(s.shfl_xor(0xFFFFFFFF, rows[h], mask))))
     return rows[0], rows[1]
+
+
+# -- the usual reductions (``fn`` of wgmma_row_reduce; plain device functions, inlined: no PTX of their own) ------
+@cuda.jit(device=True, inline="always")
+def row_max(a, b):
+    """``max(a, b)``: ``wgmma_row_reduce(acc, row_max, -inf)`` gives the rows' maxima (one ``max.f32`` a register)."""
+    return max(a, b)
+
+
+@cuda.jit(device=True, inline="always")
+def row_min(a, b):
+    """``min(a, b)``: ``wgmma_row_reduce(acc, row_min, inf)`` gives the rows' minima."""
+    return min(a, b)
+
+
+@cuda.jit(device=True, inline="always")
+def row_sum(a, b):
+    """``a + b``: ``wgmma_row_reduce(acc, row_sum, 0)`` gives the rows' sums."""
+    return a + b

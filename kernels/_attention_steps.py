@@ -10,22 +10,8 @@ from numbatma.intrinsics import cluster_ctarank, fast_exp2, persistent_item, wgm
 
 from ._attention_config import BM, LOG2E_F32, NEG_INF, POS_INF, ZERO
 
-# -- element functions of the online softmax (inlined into wgmma_map / wgmma_row_reduce) -------------------------
-@cuda.jit(device=True, inline="always")
-def maximum(a, b):
-    return max(a, b)
-
-
-@cuda.jit(device=True, inline="always")
-def minimum(a, b):
-    return min(a, b)
-
-
-@cuda.jit(device=True, inline="always")
-def add(a, b):
-    return a + b
-
-
+# -- element functions of the online softmax (inlined into wgmma_map; the row reductions are numbatma.intrinsics'
+# row_max, row_min and row_sum) --------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline="always")
 def masked(half, col, limits):
     """Whether key ``kv0 + col`` is past the keys (``>= sk``) or, causal, after the row's query."""
@@ -34,29 +20,25 @@ def masked(half, col, limits):
     return key >= sk or (causal and key > row0 + 8 * half)
 
 
-@cuda.jit(device=True, inline="always")
-def mask_below(s, half, col, limits):
-    """-inf where :func:`masked`."""
-    if masked(half, col, limits):
-        return NEG_INF
-    return s
+def _mask_filling(fill):
+    """The element function that puts ``fill`` where :func:`masked` and leaves the logit elsewhere."""
+    @cuda.jit(device=True, inline="always")
+    def mask(s, half, col, limits):
+        if masked(half, col, limits):
+            return fill
+        return s
+
+    return mask
 
 
-@cuda.jit(device=True, inline="always")
-def mask_above(s, half, col, limits):
-    """:func:`mask_below` with +inf (a negative scale: the row's extremum is its raw minimum, and
-    +inf · scale = -inf)."""
-    if masked(half, col, limits):
-        return POS_INF
-    return s
+mask_below = _mask_filling(NEG_INF)  # -inf where masked
+mask_above = _mask_filling(POS_INF)  # +inf: a negative scale (the row's extremum is its raw minimum; +inf · scale = -inf)
 
 
 @cuda.jit(device=True, inline="always")
 def mask_uniform(s, half, col, limits):
     """scale 0: every logit 0, and -inf where :func:`masked` (every key weighs exp2(0) = 1 or nothing)."""
-    if masked(half, col, limits):
-        return NEG_INF
-    return ZERO
+    return mask_below(ZERO, half, col, limits)
 
 
 @cuda.jit(device=True, inline="always")

@@ -66,6 +66,9 @@ from numbatma.intrinsics import (
     elect_one_sync,
     pingpong,
     register_budget,
+    row_max,
+    row_min,
+    row_sum,
     shared_view,
     store_buffers,
     store_release,
@@ -119,7 +122,6 @@ from ._attention_config import (  # noqa: F401  (re-exported: the plan, tests an
 )
 
 from ._attention_steps import (  # (key_blocks re-exported: the plan and tests name it here)
-    add,
     exp2_exact,
     exp2_shifted,
     key_blocks,
@@ -127,8 +129,6 @@ from ._attention_steps import (  # (key_blocks re-exported: the plan and tests n
     mask_above,
     mask_below,
     mask_uniform,
-    maximum,
-    minimum,
     rescale,
     scale_rows,
     work_counts,
@@ -147,7 +147,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     exact = softmax_mode == "exact"
     zero = softmax_mode == "zero"
     # the row extremum: the max of the raw logits, or their min for a negative scale (max of the scaled ones)
-    extremum, far = (minimum, POS_INF) if negative else (maximum, NEG_INF)
+    extremum, far = (row_min, POS_INF) if negative else (row_max, NEG_INF)
     mask = mask_uniform if zero else (mask_above if negative else mask_below)
     m_start = far if exact else NEG_INF  # running extremum: raw ("exact") or scaled by scale·log2 e
     take_turns = schedule == "pingpong"
@@ -255,7 +255,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                 p = wgmma_map(s, exp2_shifted, (scale_log2, u_a, u_b))
                 f_a = math.exp2(m_a - u_a)
                 f_b = math.exp2(m_b - u_b)
-        sum_a, sum_b = wgmma_row_reduce(p, add, ZERO)
+        sum_a, sum_b = wgmma_row_reduce(p, row_sum, ZERO)
         return p, (f_a, f_b, go), (n_a, n_b, l_a * f_a + sum_a, l_b * f_b + sum_b)
 
     @cuda.jit(device=True, inline="always")
