@@ -43,12 +43,12 @@ FA4_OVER_CUDNN = {(128, 8192, False): 1.084, (128, 8192, True): 1.195, (128, 163
                   (256, 8192, True): 1.211, (128, 1024, False): 0.963, (64, 2048, False): 1.01}
 # tiles: (d, causal, seq, batch) -> the options tried beside the default (edit for the next experiment; the
 # results of each are in docs/attention.md and benchmarks/RESULTS.md)
-TILE_CASES = [(256, True, 512, 8), (256, True, 1024, 4), (256, True, 2048, 2), (256, False, 4096, 1),
-              (256, True, 16384, 1)]
-TILE_VARIANTS = {  # (D = 256: the producer's registers with the query-first causal sweep; the rescale under S)
-    256: [dict(producer_registers=24)],
-    128: [],
-    64: [],
+TILE_CASES = [(64, False, 8192, 1), (64, False, 16384, 1), (64, False, 2048, 2), (64, False, 1024, 4),
+              (64, True, 8192, 1), (128, False, 8192, 1), (128, True, 8192, 1), (256, False, 8192, 1)]
+TILE_VARIANTS = {  # (part of the weights' exp2 on the FMA units: poly_exp2)
+    64: [dict(poly_exp2=0.125), dict(poly_exp2=0.25), dict(poly_exp2=0.375), dict(poly_exp2=0.5)],
+    128: [dict(poly_exp2=0.125), dict(poly_exp2=0.25)],
+    256: [dict(poly_exp2=0.125)],
 }
 
 

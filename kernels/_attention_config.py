@@ -12,7 +12,7 @@ from numbatma import TensorMapError
 from numbatma.intrinsics import register_budget
 
 from ._launch import SMEM_PER_BLOCK
-from ._options import bool_option, choice_option, int_option
+from ._options import bool_option, choice_option, int_option, scalar_option
 
 BM = 128  # query rows per item: two consumer warpgroups x 64
 WG_ROWS = 64
@@ -87,7 +87,13 @@ class AttentionConfig:
     ``exp2`` of the factors) with a branch. The weights are then ``exp2(S c - m)`` with ``m`` up to 8 below the
     row's running maximum: at most 256, exact in float16 and bfloat16's range, the row sum and O in float32 -
     the result is the same softmax (``O / l`` and the log-sum-exp ``m + log2 l`` do not depend on which ``m``).
-    The "fused" and "zero" softmax modes; the "exact" mode (|scale| > 1) always rescales."""
+    The "fused" and "zero" softmax modes; the "exact" mode (|scale| > 1) always rescales.
+
+    ``poly_exp2``: the share of the weights (0, 1/8, 2/8, ... 1) whose ``exp2`` runs on the FMA units
+    (:func:`numbatma.intrinsics.poly_exp2`: a cubic, nine FMA-pipe instructions, relative error 7.5e-5) instead
+    of the multi-function unit's ``MUFU.EX2`` (16 a clock per SM on an H100: at head dim 64 the weights of a block
+    take it as long as the block's two products take the tensor cores) - FA4's emulated ``exp2`` on Blackwell.
+    Columns whose 8-column group ``g`` has ``g % 8 < 8 · poly_exp2`` take the polynomial."""
 
     bn: int
     stages: int
@@ -101,6 +107,7 @@ class AttentionConfig:
     carry: bool = False
     cluster_m: int = 1
     lazy_rescale: bool = False
+    poly_exp2: float = 0.0
 
     @property
     def budget(self):
@@ -152,14 +159,14 @@ TUNE_SPACE = {
           dict(bn=96, schedule="serial", producer_registers=24)),
 }
 TILE_OPTIONS = ("bn", "stages", "schedule", "q_stages", "producer_registers", "o_buffer", "carry", "cluster_m",
-                "lazy_rescale")
+                "lazy_rescale", "poly_exp2")
 MAX_BN = {64: 192, 128: 192, 256: 96}  # keys per block at most (the consumers' registers: S, P and O)
 PRODUCER_REGISTERS = (24, 32, 40)
 
 
 def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", sweep=None, q_stages=None,
                    producer_registers=None, causal=False, sk=None, o_buffer=None, carry=None,
-                   cluster_m=None, lazy_rescale=None):
+                   cluster_m=None, lazy_rescale=None, poly_exp2=None):
     """``bn = 128`` keys per block for D = 128 and causal D = 64, 192 for full D = 64, 80 for full D = 256 and 64
     for causal D = 256 (S takes bn / 2 registers per thread, P bn / 4, O D / 2); two Q stages for D = 64 and for
     D = 128 but causal attention over more than 2048 keys, one otherwise (measured on an H100: two Q stages +10% at
@@ -254,8 +261,14 @@ def default_config(d, *, bn=None, stages=None, schedule=None, order="snake", swe
     if lazy_rescale is None:  # (H100: D = 128 +3..6%, D = 256 +4..5%; D = 64 -1..-5%: its O is 32 FMULs a block)
         lazy_rescale = d != 64
     lazy_rescale = bool_option("Attention", "lazy_rescale", lazy_rescale)
+    if poly_exp2 is None:
+        poly_exp2 = 0.0
+    poly_exp2 = scalar_option("Attention", "poly_exp2", poly_exp2)
+    if not (0 <= poly_exp2 <= 1 and (poly_exp2 * 8).is_integer()):
+        raise TensorMapError(f"Attention: poly_exp2 (the share of the weights whose exp2 runs on the FMA units) must "
+                             f"be one of 0, 1/8, 2/8, ... 1, got {poly_exp2!r}")
     return AttentionConfig(bn, stages, q_bytes + stages * stage_bytes + (o_bytes if o_buffer else 0), schedule, order,
-                           sweep, q_stages, producer_registers, o_buffer, carry, cluster_m, lazy_rescale)
+                           sweep, q_stages, producer_registers, o_buffer, carry, cluster_m, lazy_rescale, poly_exp2)
 
 
 def _padding(sk, bn):

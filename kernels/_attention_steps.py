@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from numbatma.intrinsics import cluster_ctarank, fast_exp2, persistent_item, wgmma_map
+from numbatma.intrinsics import cluster_ctarank, fast_exp2, persistent_item, poly_exp2, wgmma_map
 
 from ._attention_config import BM, LOG2E_F32, NEG_INF, POS_INF, ZERO
 
@@ -53,6 +53,33 @@ def exp2_exact(s, half, col, st):
     """``exp2((s - M_row) · scale · log2 e)`` with ``M_row`` the row's raw extremum (``st = (scale, M0, M1)``):
     ``s - M`` has the sign opposite to the scale's, so the exponent is <= 0 or -inf, never inf - inf."""
     return fast_exp2((s - (st[1] if half == 0 else st[2])) * st[0] * LOG2E_F32)
+
+
+def weights(exact, poly_eighths):
+    """The element function of ``P``: :func:`exp2_shifted` (or :func:`exp2_exact`), with the weights of
+    ``poly_eighths`` of every eight 8-column groups of the tile (groups ``g`` with ``g % 8 < poly_eighths``) computed
+    by :func:`numbatma.intrinsics.poly_exp2` on the FMA units instead of ``MUFU.EX2``. The test on the column is a
+    compile-time constant per register (a thread's column is ``2 (lane % 4) + 8 (i // 4) + i % 2``: LLVM's known
+    bits fold ``col >> 3`` to ``i // 4``), so each register gets one of the two, no select."""
+    if poly_eighths == 0:
+        return exp2_exact if exact else exp2_shifted
+
+    if exact:
+        @cuda.jit(device=True, inline="always")
+        def mixed(s, half, col, st):
+            x = (s - (st[1] if half == 0 else st[2])) * st[0] * LOG2E_F32
+            if (col >> 3) % 8 < poly_eighths:
+                return poly_exp2(x)
+            return fast_exp2(x)
+    else:
+        @cuda.jit(device=True, inline="always")
+        def mixed(s, half, col, st):
+            x = s * st[0] - (st[1] if half == 0 else st[2])
+            if (col >> 3) % 8 < poly_eighths:
+                return poly_exp2(x)
+            return fast_exp2(x)
+
+    return mixed
 
 
 @cuda.jit(device=True, inline="always")

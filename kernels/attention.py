@@ -122,8 +122,6 @@ from ._attention_config import (  # noqa: F401  (re-exported: the plan, tests an
 )
 
 from ._attention_steps import (  # (key_blocks re-exported: the plan and tests name it here)
-    exp2_exact,
-    exp2_shifted,
     key_blocks,
     key_blocks_device,
     mask_above,
@@ -131,6 +129,7 @@ from ._attention_steps import (  # (key_blocks re-exported: the plan and tests n
     mask_uniform,
     rescale,
     scale_rows,
+    weights,
     work_counts,
     work_item,
     work_unit,
@@ -140,7 +139,7 @@ from ._attention_steps import (  # (key_blocks re-exported: the plan and tests n
 @kernel_factory
 def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="snake", sweep="heads", q_stages=1,
                       producer_registers=40, o_buffer=False, carry=False, cluster_m=1, lazy_rescale=False,
-                      softmax_mode="fused", negative=False):
+                      poly_exp2=0.0, softmax_mode="fused", negative=False):
     """The kernel of one configuration (every argument a compile-time constant of the closure). ``softmax_mode``
     and ``negative`` (:func:`softmax_mode`) say how the scale is applied; the kernel's last argument is then
     ``scale · log2 e`` ("fused"), ``scale`` ("exact") or 1 ("zero")."""
@@ -150,6 +149,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
     extremum, far = (row_min, POS_INF) if negative else (row_max, NEG_INF)
     mask = mask_uniform if zero else (mask_above if negative else mask_below)
     m_start = far if exact else NEG_INF  # running extremum: raw ("exact") or scaled by scale·log2 e
+    exp2_weights = weights(exact, round(poly_exp2 * 8))  # (P's element function: MUFU, or part on the FMA units)
     take_turns = schedule == "pingpong"
     snake = order == "snake"
     turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)  # named barriers 3, 4 (1, 2: warpgroup_sync)
@@ -229,7 +229,7 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
             n_b = extremum(m_b, r_b)
             u_a = n_a if n_a != far else ZERO  # (a row with no key yet)
             u_b = n_b if n_b != far else ZERO
-            p = wgmma_map(s, exp2_exact, (scale_log2, u_a, u_b))
+            p = wgmma_map(s, exp2_weights, (scale_log2, u_a, u_b))
             f_a = math.exp2((m_a - u_a) * scale_log2 * LOG2E_F32)
             f_b = math.exp2((m_b - u_b) * scale_log2 * LOG2E_F32)
             go = True
@@ -247,12 +247,12 @@ def _attention_kernel(nb_dtype, d, bn, stages, causal, kind, schedule, order="sn
                     n_a, n_b, u_a, u_b, f_a, f_b = m_a, m_b, m_a, m_b, ONE, ONE
                 # (the weights after the branch: with them between the maxima and the factors, as in the eager
                 # order below, the D = 128 kernel measured 4-6% slower - ptxas schedules the two differently)
-                p = wgmma_map(s, exp2_shifted, (scale_log2, u_a, u_b))
+                p = wgmma_map(s, exp2_weights, (scale_log2, u_a, u_b))
             else:
                 go = True
                 u_a = n_a if n_a != NEG_INF else ZERO  # (a row with no key yet)
                 u_b = n_b if n_b != NEG_INF else ZERO
-                p = wgmma_map(s, exp2_shifted, (scale_log2, u_a, u_b))
+                p = wgmma_map(s, exp2_weights, (scale_log2, u_a, u_b))
                 f_a = math.exp2(m_a - u_a)
                 f_b = math.exp2(m_b - u_b)
         sum_a, sum_b = wgmma_row_reduce(p, row_sum, ZERO)
@@ -555,7 +555,8 @@ class Attention(Plan):
     ``stages``, ``schedule`` ("serial", "overlap", "pingpong"), ``order`` ("snake", "cyclic"), ``sweep`` ("heads",
     "queries"), ``q_stages`` (1 or 2), ``producer_registers`` (24, 32, 40), ``o_buffer`` (True, False; default
     False), ``carry`` (True, False; head dim 64), ``cluster_m`` (1 or 2; full attention), ``lazy_rescale`` (True,
-    False; default True for head dims 128 and 256) - :class:`AttentionConfig`
+    False; default True for head dims 128 and 256), ``poly_exp2`` (0, 1/8, ... 1: the share of the weights whose
+    exp2 runs on the FMA units) - :class:`AttentionConfig`
     says what they do - ``autotune`` (True: the tile options are chosen by timing the default and
     :data:`TUNE_SPACE`'s configurations once per shape class and device, :mod:`numbatma.autotune`; ``plan.tuning``
     says what was measured; the first plan of a shape class compiles and times each), ``grid`` (CTAs; default one
@@ -567,7 +568,7 @@ class Attention(Plan):
 
     def __init__(self, q, k, v, o, lse=None, *, causal=False, scale=None, layout="bhsd", bn=None, stages=None,
                  schedule=None, order="snake", sweep=None, q_stages=None, producer_registers=None, o_buffer=None,
-                 carry=None, cluster_m=None, lazy_rescale=None, grid=None, autotune=False):
+                 carry=None, cluster_m=None, lazy_rescale=None, poly_exp2=None, grid=None, autotune=False):
         op = "Attention"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -621,7 +622,7 @@ class Attention(Plan):
             return
         tile = dict(bn=bn, stages=stages, schedule=schedule, q_stages=q_stages,  # (TILE_OPTIONS, in its order)
                     producer_registers=producer_registers, o_buffer=o_buffer, carry=carry,
-                    cluster_m=cluster_m, lazy_rescale=lazy_rescale)
+                    cluster_m=cluster_m, lazy_rescale=lazy_rescale, poly_exp2=poly_exp2)
         if bool_option(op, "autotune", autotune):
             given = {name: value for name, value in tile.items() if value is not None}
             if given:
@@ -659,7 +660,7 @@ class Attention(Plan):
         kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
         self._kernel_config = (self.q_map.numba_type.dtype, d, cfg.bn, cfg.stages, self.causal, kind, cfg.schedule,
                                cfg.order, cfg.sweep, cfg.q_stages, cfg.producer_registers, cfg.o_buffer, cfg.carry,
-                               cfg.cluster_m, cfg.lazy_rescale)
+                               cfg.cluster_m, cfg.lazy_rescale, cfg.poly_exp2)
         self._take_lse(q, lse)  # (only now: an option refused above allocates nothing)
         self._use_kernel()
 

@@ -241,6 +241,8 @@ HOST = {
     "Attention autotune with lazy_rescale": (lambda: K.Attention(*_attention_arrays(), autotune=True,
                                                                  lazy_rescale=False),
                                              TensorMapError, "got lazy_rescale=False as well"),
+    "Attention poly_exp2 0.3": (lambda: K.Attention(*_attention_arrays(), poly_exp2=0.3), TensorMapError,
+                                "must be one of 0, 1/8, 2/8, ... 1, got 0.3"),
     "wait_release lag 8": (lambda: numbatma.intrinsics.wait_release(8), ValueError, "lag must be an int in 0..7"),
     "persistent_grid sms 0": (lambda: numbatma.intrinsics.persistent_grid(10, 0), ValueError,
                               "sms must be an int >= 1, got 0"),

@@ -80,7 +80,8 @@ TILES = [dict(d=128, bn=176), dict(d=128, bn=160), dict(d=128, bn=144, schedule=
          dict(d=64, carry=True), dict(d=64, bn=192, carry=True), dict(d=64, q_stages=1, o_buffer=True, carry=True),
          dict(d=64, q_stages=2, o_buffer=True, carry=True),
          dict(d=64, lazy_rescale=True), dict(d=128, lazy_rescale=False), dict(d=256, lazy_rescale=False),
-         dict(d=128, schedule="pingpong"), dict(d=128, schedule="serial"), dict(d=64, carry=True, lazy_rescale=True)]
+         dict(d=128, schedule="pingpong"), dict(d=128, schedule="serial"), dict(d=64, carry=True, lazy_rescale=True),
+         dict(d=64, poly_exp2=0.25), dict(d=128, poly_exp2=0.125), dict(d=256, poly_exp2=1.0)]
 
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
