@@ -630,6 +630,24 @@ def warp_exchange(mask, value):
     return entry["result"][1]
 
 
+class Contributions(list):
+    """What :func:`group_exchange` gives back: the group's contributions in thread order - one object, the same for
+    every thread of the group at that exchange - and :meth:`once`, which computes a value the whole group shares
+    (the 64 x N product of a ``wgmma``) for the first thread that asks and hands it to the others."""
+
+    def __init__(self, values):
+        super().__init__(values)
+        self._memo = {}
+        self._lock = threading.Lock()
+
+    def once(self, key, compute):
+        """``compute()``, evaluated once per ``key`` for this exchange (a thread that finds it computed takes it)."""
+        with self._lock:
+            if key not in self._memo:
+                self._memo[key] = compute()
+            return self._memo[key]
+
+
 def group_exchange(name, size, value):
     """A ``.sync.aligned`` operation of a group of ``size`` consecutive threads (e.g. the 128 threads of a
     warpgroup for ``wgmma``): every thread of the calling thread's group contributes ``value``; returns the
@@ -658,7 +676,7 @@ def group_exchange(name, size, value):
         entry["values"][rank] = value
         entry["arrived"] += 1
         if entry["arrived"] == size:
-            entry["result"] = (generation, list(entry["values"]))
+            entry["result"] = (generation, Contributions(entry["values"]))
             entry["values"] = [None] * size
             entry["arrived"] = 0
             entry["generation"] += 1

@@ -626,6 +626,14 @@ def _register_a_matrix(contributions, kind):
     return out
 
 
+def _operand_key(operand):
+    """What identifies a shared-memory operand's values: where its tile lies, its layout and its origin."""
+    tile = np.asarray(operand.tile)
+    lay = operand.layout
+    return (tile.__array_interface__["data"][0], tile.shape, tile.strides, lay.kind, lay.major, lay.swizzle,
+            lay.groups, lay.rows, lay.width, operand.mn, operand.k)
+
+
 def _sim_mma(acc, a, b, scale_d):
     if isinstance(b, SimOperandRange) or isinstance(a, SimOperandRange):
         return _sim_mma_range(acc, a, b, scale_d)
@@ -672,7 +680,10 @@ def _sim_mma(acc, a, b, scale_d):
                 f"wgmma at {site[0]}:{site[1]}: the A fragments hold {a.kind} values (wgmma_a_fragments at "
                 f"{a.site[0]}:{a.site[1]}) but B is {bkind}: the registers would be read as {bkind}")
         akind = bkind
-        a_matrix = _register_a_matrix(contributions, akind)
+        a_key = ("registers", akind)
+
+        def a_matrix():
+            return _register_a_matrix(contributions, akind)
     else:
         if not isinstance(a, SimOperand):
             raise s.SimulatedMisuse(f"wgmma: A must be a wgmma_desc operand or a register fragment (four uint32), "
@@ -680,14 +691,20 @@ def _sim_mma(acc, a, b, scale_d):
         akind = a.layout.kind
         if a.layout.mn_extent - a.mn < 64:
             raise s.SimulatedMisuse(f"wgmma: the operands are smaller than m64n{acc.n}")
-        a_matrix = operand_matrix(a, 64, site)
+        a_key = _operand_key(a)
+
+        def a_matrix():
+            return operand_matrix(a, 64, site)
     if (akind in FP8) != (bkind in FP8) or (akind not in FP8 and akind != bkind):
         raise s.SimulatedMisuse(f"wgmma: A is {akind} but B is {bkind}")
     if acc.dtype == "f16" and akind not in ("f16",) + FP8:
         raise s.SimulatedMisuse(f"wgmma: float16 accumulators take f16 or float8 operands, not {akind}")
     if b.layout.mn_extent - b.mn < acc.n:
         raise s.SimulatedMisuse(f"wgmma: the operands are smaller than m64n{acc.n}")
-    product = a_matrix @ operand_matrix(b, acc.n, site).T  # (64, N), float64
+    # (64, N), float64: computed by the first thread of the warpgroup, shared with the other 127 (the operands are
+    # the same for all: keyed by them, so that threads passing different ones - a bug - still get their own)
+    product = contributions.once((a_key, _operand_key(b), acc.n),
+                                 lambda: a_matrix() @ operand_matrix(b, acc.n, site).T)
     count, _ = accumulator_registers(acc.n, acc.dtype)
     i = np.arange(count)
     if acc.dtype == "f32":
