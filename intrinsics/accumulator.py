@@ -11,6 +11,9 @@ lane ``l``, ``g = l // 4``, ``q = l % 4``) two rows of the tile: row ``16 w + g`
   ``half`` the register's row half (a constant after inlining: ``m0 if half == 0 else m1`` costs nothing),
   ``col`` its column in the tile, ``extra`` whatever the kernel passes (a number, a tuple). ``fn`` is a
   ``cuda.jit(device=True)`` function (inlined: no call); its result is converted to float32.
+* ``wgmma_map2(a, b, fn, extra)``: the same over two accumulators of one shape (register ``i`` from
+  ``fn(a[i], b[i], half, col, extra)``): an element-wise product or difference of two tiles - attention
+  backward's ``dS = P (dP - delta)``.
 * ``wgmma_row_reduce(acc, fn, init)``: ``(row_half_0, row_half_1)``: ``fn`` folded over the thread's registers
   of each row half starting from ``init``, then over the quad (two ``shfl.sync.bfly`` steps), so every thread
   gets the reduction over its whole rows of the tile. ``fn(a, b)`` must be associative and commutative
@@ -47,13 +50,13 @@ from ._asm import Ptx
 from ._define import SIMULATING, device_op, fail, sim
 from .wgmma import wgmma_row_col  # (the layout the docstring describes; the simulator's column of a register)
 
-__all__ = ["wgmma_map", "wgmma_row_reduce", "row_max", "row_min", "row_sum"]
+__all__ = ["wgmma_map", "wgmma_map2", "wgmma_row_reduce", "row_max", "row_min", "row_sum"]
 
 _LANE = Ptx("mov.u32 $lane, %laneid;", out=("lane", "b32"), memory=False, min_sm=20)
 _SHFL_BFLY = Ptx("shfl.sync.bfly.b32 $out, $value, $lanemask, 0x1f, 0xffffffff;", ins=(("value", "b32"),),
                  imm=("lanemask",), out=("out", "b32"), memory=False, min_sm=70)
 
-PTX = {"wgmma_map": _LANE, "wgmma_row_reduce": _SHFL_BFLY}
+PTX = {"wgmma_map": _LANE, "wgmma_map2": _LANE, "wgmma_row_reduce": _SHFL_BFLY}
 
 
 def _half(i):
@@ -114,6 +117,33 @@ def wgmma_map(typingctx, acc, fn, extra):
     return acc(acc, fn, extra), codegen
 
 
+@device_op(simulate=lambda a, b, fn, extra: _sim_map2(a, b, fn, extra))
+def wgmma_map2(typingctx, a, b, fn, extra):
+    """A new float32 accumulator: register ``i`` becomes ``fn(a[i], b[i], half, col, extra)`` - :func:`wgmma_map`
+    over two float32 accumulators of the same shape (m64nN), register by register. Call after the waits that
+    cover both."""
+    op = "wgmma_map2"
+    require_f32_accumulator(op, a)
+    require_f32_accumulator(op, b)
+    if a != b:
+        fail(op, f"a and b must be accumulators of one shape, got {a} and {b}")
+    sig_fn = _resolve(op, typingctx, fn, (types.float32, types.float32, types.int32, types.int32, extra),
+                      "taking (a, b, half, col, extra)")
+
+    def codegen(context, builder, sig, args):
+        lane = _LANE.emit(builder)
+        base = builder.shl(builder.and_(lane, ir.Constant(I32, 3)), ir.Constant(I32, 1))  # 2 q
+        out = args[0]
+        for i in range(a.count):
+            col = builder.add(base, ir.Constant(I32, 8 * (i // 4) + i % 2))
+            value = _call(context, builder, fn, sig_fn, (builder.extract_value(args[0], i),
+                          builder.extract_value(args[1], i), ir.Constant(I32, _half(i)), col, args[3]))
+            out = builder.insert_value(out, value, i)
+        return out
+
+    return a(a, b, fn, extra), codegen
+
+
 @device_op(simulate=lambda acc, fn, init: _sim_row_reduce(acc, fn, init))
 def wgmma_row_reduce(typingctx, acc, fn, init):
     """``(r0, r1)``, float32: ``fn`` folded from ``init`` over the thread's registers of row half 0 and of row
@@ -171,6 +201,21 @@ def _sim_map(acc, fn, extra):
     for i in range(values.size):
         values[i] = np.float32(fn(np.float32(acc.values[i]), _half(i), wgmma_row_col(i, thread)[1], extra))
     return acc.copy(values=values, fenced=False)
+
+
+def _sim_map2(a, b, fn, extra):
+    _sim_device_function("wgmma_map2", fn)
+    _sim_accumulator("wgmma_map2", a)
+    _sim_accumulator("wgmma_map2", b)
+    if a.values.shape != b.values.shape:
+        raise sim().SimulatedMisuse(f"wgmma_map2: a and b must be accumulators of one shape, got m64n{a.n} and "
+                                    f"m64n{b.n}")
+    thread = sim().thread_index() % 128
+    values = a.values.copy()
+    for i in range(values.size):
+        values[i] = np.float32(fn(np.float32(a.values[i]), np.float32(b.values[i]), _half(i),
+                                  wgmma_row_col(i, thread)[1], extra))
+    return a.copy(values=values, fenced=False)
 
 
 def _sim_row_reduce(acc, fn, init):

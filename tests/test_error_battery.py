@@ -289,6 +289,24 @@ def typing_case(sig, fragment):
     return register
 
 
+@cuda.jit(device=True, inline="always")
+def _difference(a, b, half, col, extra):
+    return a - b
+
+
+@typing_case((types.float32[::1],), "wgmma_map2: a and b must be accumulators of one shape")
+def k_wgmma_map2_shapes(x):
+    a = numbatma.intrinsics.wgmma_zeros(64)
+    b = numbatma.intrinsics.wgmma_zeros(128)
+    c = numbatma.intrinsics.wgmma_map2(a, b, _difference, 0)  # <-
+    x[0] = c[0]
+
+
+@typing_case((types.float64[::1],), "poly_exp2: x must be a float32, got float64")
+def k_poly_exp2_float64(x):
+    x[0] = numbatma.intrinsics.poly_exp2(x[0])  # <-
+
+
 @typing_case((types.float64[::1],), "fast_exp2: x must be a float32 (ex2.approx.f32 takes one), got float64")
 def k_fast_exp2_float64(x):
     x[0] = numbatma.intrinsics.fast_exp2(x[0])  # <-

@@ -1,0 +1,100 @@
+"""Attention backward: numbatma.kernels.AttentionBackward against torch SDPA's backward with its cuDNN and flash
+backends, in the same process, bf16, 16 heads, 16k tokens (B = 16384 / S), head dims 64 and 128, causal and not.
+
+Each implementation's gradients are checked against float32 autograd first (relative max error < 2e-2), then
+timed interleaved with the others (benchmarks/gemm.py's Timer: CUDA events, warm-up, median of repeats, L2
+flushed). Only the backward is timed: torch's through ``torch.autograd.grad`` of a retained forward graph,
+numbatma's through the plan's launch (its three kernels: the row statistics, the main kernel, dq's conversion).
+TFLOP/s = 10 B H S^2 D (the backward's five products; half for causal) / time.
+
+    python benchmarks/attention_backward.py [--dims 64,128] [--seqs 1024,4096,8192] [--reps 15] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gemm import Timer, _git_commit, log, rel_error  # noqa: E402  (one timing method for every benchmark)
+
+TOKENS = 16384
+HEADS = 16
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", default="64,128")
+    parser.add_argument("--seqs", default="1024,4096,8192")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from numbatma.kernels import Attention, AttentionBackward
+
+    timer = Timer(torch, args.reps, args.warmup)
+    log(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {_git_commit()}")
+    results = []
+    for d in map(int, args.dims.split(",")):
+        for s in map(int, args.seqs.split(",")):
+            for causal in (False, True):
+                b = max(1, TOKENS // s)
+                flops = 10.0 * b * HEADS * s * s * d * (0.5 if causal else 1.0)
+                mk = lambda: torch.randn((b, HEADS, s, d), device="cuda", dtype=torch.bfloat16)  # noqa: E731
+                q, k, v, do = mk(), mk(), mk(), mk()
+                qf, kf, vf = (x.float().requires_grad_() for x in (q, k, v))
+                torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal).backward(do.float())
+                ref = (qf.grad, kf.grad, vf.grad)
+                del qf, kf, vf
+                label = f"B{b} H{HEADS} S{s} D{d} {'causal' if causal else 'full'}"
+                log(f"== {label}")
+                row = {"case": label, "batch": b, "seq": s, "d": d, "causal": causal}
+                fns = []
+                for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+                        with sdpa_kernel(backend):
+                            o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+
+                        def fn(o=o, qg=qg, kg=kg, vg=vg):
+                            return torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+                        got = fn()
+                        err = max(rel_error(torch, g, r) for g, r in zip(got, ref))
+                        row[name] = {"rel_err": err}
+                        fns.append((name, fn))
+                    except Exception as exc:  # noqa: BLE001 - report and go on
+                        row[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                        log(f"  {name:10s} SKIP {type(exc).__name__}: {str(exc)[:150]}")
+                o = torch.empty_like(q)
+                lse = torch.empty((b, HEADS, s), device="cuda", dtype=torch.float32)
+                Attention(q, k, v, o, lse, causal=causal).launch()
+                grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+                plan = AttentionBackward(q, k, v, o, do, lse, *grads, causal=causal)
+                plan.launch()
+                torch.cuda.synchronize()
+                row["numbatma"] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(grads, ref))}
+                fns.append(("numbatma", plan.launch))
+                for (name, _), (ms, spread) in zip(fns, timer.median_ms_interleaved([f for _, f in fns])):
+                    r = row[name]
+                    r.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, spread=spread)
+                    log(f"  {name:10s} {r['tflops']:7.1f} TFLOP/s  {ms:8.3f} ms  err {r['rel_err']:.1e}  "
+                        f"spread {spread:.2f}" + ("" if r["rel_err"] < 2e-2 else "  FAIL"))
+                for peer in ("cudnn", "flash"):
+                    if "tflops" in row.get(peer, {}) and "tflops" in row["numbatma"]:
+                        row["numbatma"][f"vs_{peer}"] = row["numbatma"]["tflops"] / row[peer]["tflops"]
+                log("  numbatma / cuDNN %.2f, / flash %.2f" % (row["numbatma"].get("vs_cudnn", float("nan")),
+                                                               row["numbatma"].get("vs_flash", float("nan"))))
+                results.append(row)
+                del q, k, v, do, ref, grads, fns
+                torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,531 @@
+"""Attention backward on Hopper tensor cores (FlashAttention-2/3's algorithm, key/value blocks stationary): given
+``q, k, v``, the forward's ``o`` and log-sum-exp ``lse``, and ``do`` (the gradient of the loss with respect to
+``o``), compute ``dq, dk, dv`` - written with numbatma's public API only.
+
+Arrays as :class:`numbatma.kernels.Attention` takes them: ``q``, ``o``, ``do``, ``dq`` (B, Hq, Sq, D), ``k``, ``v``,
+``dk``, ``dv`` (B, Hkv, Sk, D) with ``layout="bhsd"`` (or (B, S, H, D) with ``layout="bshd"``; any strides TMA can
+describe, the head dim contiguous), bfloat16 or float16 (all the same), D = 64 or 128, ``Hq`` a multiple of ``Hkv``
+(grouped-query attention: ``dk`` and ``dv`` of a key/value head sum over its query heads), any Sq, Sk >= 1;
+``lse`` (B, Hq, Sq) float32 as the forward wrote it (natural log). ``causal``: top-left alignment, as the forward.
+
+Three kernels, launched in order on one stream:
+
+1. **Preprocess** (one warp per query row): ``delta_i = sum_d do[i, d] o[i, d]`` (float32) - the row term of the
+   softmax gradient, ``dS = P (dP - delta)`` - and the float32 accumulator of ``dq`` zeroed.
+2. **Main** (a persistent grid, 384 threads: :func:`numbatma.intrinsics.warp_specialize` with a producer and two
+   consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
+   ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
+   item. The producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the
+   keys (causal: from the diagonal on), of every query head of the group, through a ``stages``-deep
+   :class:`Pipeline`. Per query block a consumer computes, all on wgmma:
+
+   * ``Sᵀ = K_w Qᵀ`` and ``dPᵀ = V_w dOᵀ`` (64 keys x 64 queries; both operands from shared memory, K-major);
+   * ``Pᵀ = exp2(Sᵀ · scale·log2 e - lse·log2 e)`` per column (:func:`wgmma_map`: masked keys and queries 0),
+     ``dSᵀ = Pᵀ (dPᵀ - delta)`` (:func:`wgmma_map2`);
+   * ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` with ``Pᵀ`` and ``dSᵀ`` straight from registers
+     (:func:`wgmma_a_fragments`), dO and Q read MN-major from the same tiles;
+   * ``dSᵀ`` into a 64 x 64 shared tile (:func:`wgmma_store`), and ``dQ_w = dS K_w`` with that tile as an
+     MN-major A operand, one 64-column chunk of the head dim at a time, added into the float32 accumulator of
+     ``dq`` with ``red.global.add.f32`` (both consumers and every item of the query block's heads add to it).
+
+   The item's end: ``dK · scale`` and ``dV`` converted and stored from registers (:func:`wgmma_store_global`:
+   bounds-checked, nothing past the keys).
+3. **Postprocess**: ``dq`` = the accumulator (already scaled) converted to q's type.
+
+Not yet here (issue 26): head dim 256 (dK and dV of 64 keys take 256 registers a thread), the overlap of one block's
+products with the next one's softmax, the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's
+"exact" softmax mode).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
+from numbatma.intrinsics import (
+    Pipeline,
+    elect_one_sync,
+    fast_exp2,
+    fence_proxy_async_shared_cta,
+    pack_bf16x2,
+    pack_f16x2,
+    register_budget,
+    shared_view,
+    unpack_bf16x2,
+    unpack_f16x2,
+    warp_specialize,
+    warpgroup_sync,
+    wgmma,
+    wgmma_a_fragments,
+    wgmma_commit_group,
+    wgmma_desc,
+    wgmma_fence,
+    wgmma_map,
+    wgmma_map2,
+    wgmma_store,
+    wgmma_store_global,
+    wgmma_wait_group,
+    wgmma_zeros,
+)
+from numbatma.views import ArrayLayout, kernel_view, layout_view
+
+from ._attention_config import CHUNK, DTYPES, FUSED_MAX_SCALE, LAYOUTS, LOG2E_F32, POS_INF, WARPGROUP, ZERO
+from ._compile_cache import kernel_factory
+from ._device import grid_dependency_sync
+from ._launch import ceil_div, persistent_grid
+from ._options import bool_option, int_option, scalar_option
+from ._plan import Plan, run
+
+__all__ = ["AttentionBackward", "attention_backward"]
+
+BN = 128  # keys per item: two consumer warpgroups x 64
+BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the head dim)
+HEAD_DIMS = (64, 128)
+SMEM_LIMIT = 227 * 1024
+PREP_WARPS = 4  # warps (rows) per block of the preprocess kernel
+POST_THREADS = 256
+
+
+# -- preprocess and postprocess ------------------------------------------------------------------------------------
+@kernel_factory
+def _prep_kernel(kind):
+    unpack = unpack_bf16x2 if kind == "bf16" else unpack_f16x2
+
+    @cuda.jit
+    def prep(o2, do2, lse, stats, dqacc, heads, sq):
+        """Row i of (b, h), one warp per row of the padded length: stats[b, h, 0, i] = lse · log2 e and
+        stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's row = 0.
+        o2 / do2 view the rows as pairs (uint32: two 16-bit elements)."""
+        grid_dependency_sync()
+        lane = cuda.threadIdx.x % 32
+        padded = stats.shape[3]
+        row = cuda.blockIdx.x * PREP_WARPS + cuda.threadIdx.x // 32
+        b = row // (heads * padded)
+        h = (row // padded) % heads
+        i = row % padded
+        if b < stats.shape[0]:
+            if i < sq:
+                acc = ZERO
+                for j in range(lane, o2.shape[3], 32):
+                    o_lo, o_hi = unpack(o2[b, h, i, j])
+                    d_lo, d_hi = unpack(do2[b, h, i, j])
+                    acc += o_lo * d_lo + o_hi * d_hi
+                for mask in (16, 8, 4, 2, 1):
+                    acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, mask)
+                if lane == 0:
+                    stats[b, h, 0, i] = lse[b, h, i] * LOG2E_F32
+                    stats[b, h, 1, i] = acc
+                for j in range(lane, dqacc.shape[3], 32):
+                    dqacc[b, h, i, j] = ZERO
+            elif lane == 0:
+                stats[b, h, 0, i] = POS_INF
+                stats[b, h, 1, i] = ZERO
+
+    return prep
+
+
+@kernel_factory
+def _post_kernel(kind):
+    pack = pack_bf16x2 if kind == "bf16" else pack_f16x2
+
+    @cuda.jit
+    def post(dqacc, dq2, heads, sq):
+        """dq (pairs of 16-bit elements, uint32) = the float32 accumulator, rounded to nearest even."""
+        grid_dependency_sync()
+        half = dq2.shape[3]
+        n = dq2.shape[0] * heads * sq * half
+        for t in range(cuda.grid(1), n, cuda.gridsize(1)):
+            j = t % half
+            i = (t // half) % sq
+            h = (t // (half * sq)) % heads
+            b = t // (half * sq * heads)
+            dq2[b, h, i, j] = pack(dqacc[b, h, i, 2 * j], dqacc[b, h, i, 2 * j + 1])
+
+    return post
+
+
+# -- the main kernel -----------------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline="always")
+def backward_work(dqacc, hk, sq, sk):
+    """(items, key blocks per head, query blocks, rounds) of the persistent loop."""
+    nkb = (sk + BN - 1) // BN
+    nqb = (sq + BQ - 1) // BQ
+    items = dqacc.shape[0] * hk * nkb
+    rounds = (items + cuda.gridDim.x - 1) // cuda.gridDim.x
+    return items, nkb, nqb, rounds
+
+
+@cuda.jit(device=True, inline="always")
+def backward_item(t, batch, hk):
+    """Item ``t``: (batch, key/value head, first key). Key block first: causal items with the lowest keys see the
+    most query blocks, and they come first."""
+    bh = t % (batch * hk)
+    return bh // hk, bh % hk, (t // (batch * hk)) * BN
+
+
+@kernel_factory
+def _backward_kernel(nb_dtype, d, causal, kind, stages):
+    """The main kernel of one configuration (compile-time constants of the closure)."""
+    chunks = d // CHUNK
+    box = BQ * CHUNK  # elements of one 64 x 64 box (every TMA box of the kernel)
+    q_elems = BQ * d  # a Q (or dO) tile: ``chunks`` boxes
+    kv_elems = BN * d  # K (or V) of an item: consumer w's 64 rows at w q_elems, ``chunks`` boxes each
+    v_base = kv_elems
+    q_base = 2 * kv_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
+    ds_base = q_base + 2 * stages * q_elems  # consumer w's dSᵀ tile (64 x 64) at ds_base + w BQ CHUNK
+    stats_elems = 2 * stages * BQ  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
+
+    @cuda.jit(device=True, inline="always")
+    def weights(s, half, col, ex):
+        """Pᵀ of query ``col`` of the block: exp2(s · scale·log2 e - lse·log2 e), ``ex = (c, lse·log2 e of the
+        block's 64 queries in shared memory)`` (+inf past the queries: 0 there)."""
+        return fast_exp2(s * ex[0] - ex[1][col])
+
+    @cuda.jit(device=True, inline="always")
+    def weights_masked(s, half, col, ex):
+        """:func:`weights`, 0 for key ``key0 + 8 half`` past the keys or, causal, after query ``m0 + col``."""
+        c, lse2, key0, m0, sk = ex
+        key = key0 + 8 * half
+        if key >= sk or (causal and key > m0 + col):
+            return ZERO
+        return fast_exp2(s * c - lse2[col])
+
+    @cuda.jit(device=True, inline="always")
+    def softmax_grad(p, dp, half, col, delta):
+        """dSᵀ = Pᵀ (dPᵀ - delta), ``delta`` of the block's 64 queries in shared memory (0 past them)."""
+        return p * (dp - delta[col])
+
+    @cuda.jit(device=True, inline="always")
+    def add_dq(x, half, col, ex):
+        """Adds scale · x into the float32 accumulator of dq at query row ``row0 + 8 half``, column ``c0 + col``."""
+        dqacc, b, h, row0, c0, sq, scale = ex
+        row = row0 + 8 * half
+        if row < sq:
+            cuda.atomic.add(dqacc, (b, h, row, c0 + col), x * scale)
+        return x
+
+    @cuda.jit(device=True, inline="always")
+    def times(x, half, col, f):
+        return x * f
+
+    @cuda.jit(device=True, inline="always")
+    def box_at(smem, base, c):
+        """Box ``c`` (64 x 64) of the tile at ``base``."""
+        return shared_view(smem, base + c * box, (BQ, CHUNK))
+
+    @cuda.jit(device=True, inline="always")
+    def producer(args):
+        """One elected thread: per item K and V (one stage), then Q and dO of every query block of every query head
+        of the group that sees the item's keys."""
+        (smem, stats, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk, c,
+         scale) = args
+        items, nkb, nqb, rounds = backward_work(dqacc, hk, sq, sk)
+        if cuda.threadIdx.x < 32:
+            if elect_one_sync():
+                for r in range(rounds):
+                    t = r * cuda.gridDim.x + cuda.blockIdx.x
+                    if t >= items:
+                        break
+                    b, g, n0 = backward_item(t, dqacc.shape[0], hk)
+                    kvpipe.producer_acquire()
+                    for ww in range(2):  # each consumer's 64 keys as a tile of their own
+                        for ch in range(chunks):
+                            kvpipe.load(box_at(smem, ww * q_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
+                            kvpipe.load(box_at(smem, v_base + ww * q_elems, ch), v_map,
+                                        (b, g, n0 + BQ * ww, CHUNK * ch))
+                    kvpipe.producer_commit()
+                    first = n0 // BQ if causal else 0
+                    for hh in range(group):
+                        h = g * group + hh
+                        for i in range(first, nqb):
+                            s = qpipe.producer_acquire()
+                            for ch in range(chunks):
+                                qpipe.load(box_at(smem, q_base + 2 * s * q_elems, ch), q_map,
+                                           (b, h, i * BQ, CHUNK * ch))
+                                qpipe.load(box_at(smem, q_base + (2 * s + 1) * q_elems, ch), do_map,
+                                           (b, h, i * BQ, CHUNK * ch))
+                            qpipe.load(shared_view(stats, 2 * s * BQ, (2, BQ)), stats_map, (b, h, 0, i * BQ))
+                            qpipe.producer_commit()
+
+    @cuda.jit(device=True, inline="always")
+    def consumer(w, args):
+        """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
+        (smem, stats, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk, c,
+         scale) = args
+        items, nkb, nqb, rounds = backward_work(dqacc, hk, sq, sk)
+        tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
+        lane = cuda.threadIdx.x % 32
+        row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row of a 64-row accumulator (the second: + 8)
+        k_w = shared_view(smem, w * q_elems, (chunks, BQ, CHUNK))  # this consumer's 64 keys of K and V
+        v_w = shared_view(smem, v_base + w * q_elems, (chunks, BQ, CHUNK))
+        ds_tile = shared_view(smem, ds_base + w * box, (BQ, CHUNK))
+        ds_operand = shared_view(smem, ds_base + w * box, (1, BQ, CHUNK))
+        for r in range(rounds):
+            t = r * cuda.gridDim.x + cuda.blockIdx.x
+            if t >= items:
+                break
+            b, g, n0 = backward_item(t, dqacc.shape[0], hk)
+            key0 = n0 + BQ * w + row_in_wg
+            key_hi = n0 + BQ * w + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
+            kvpipe.consumer_wait()
+            dkacc = wgmma_zeros(d)
+            dvacc = wgmma_zeros(d)
+            first = n0 // BQ if causal else 0
+            for hh in range(group):
+                h = g * group + hh
+                for i in range(first, nqb):
+                    m0 = i * BQ
+                    s = qpipe.consumer_wait()
+                    q_all = shared_view(smem, q_base + 2 * s * q_elems, (chunks, BQ, CHUNK))
+                    do_all = shared_view(smem, q_base + (2 * s + 1) * q_elems, (chunks, BQ, CHUNK))
+                    # Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (64 keys x 64 queries, the head dim as K), two groups: P is computed
+                    # while dPᵀ runs (and the lse values P needs are dead before dPᵀ's registers fill)
+                    st = wgmma_fence(wgmma_zeros(BQ))
+                    st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)), wgmma_desc(q_all, q_map, "K", 0, (0, d)), 0)
+                    wgmma_commit_group()
+                    dpt = wgmma_fence(wgmma_zeros(BQ))
+                    dpt = wgmma(dpt, wgmma_desc(v_w, v_map, "K", 0, (0, d)), wgmma_desc(do_all, do_map, "K", 0, (0, d)),
+                                0)
+                    wgmma_commit_group()
+                    lse2 = shared_view(stats, 2 * s * BQ, (BQ,))
+                    st = wgmma_wait_group(1, st)
+                    if key_hi >= sk or (causal and key_hi > m0):  # (a ragged key block, the causal diagonal)
+                        p = wgmma_map(st, weights_masked, (c, lse2, key0, m0, sk))
+                    else:
+                        p = wgmma_map(st, weights, (c, lse2))
+                    dpt = wgmma_wait_group(0, dpt)
+                    dst = wgmma_map2(p, dpt, softmax_grad, shared_view(stats, (2 * s + 1) * BQ, (BQ,)))
+                    # dSᵀ into shared memory now (read back for dQ below), so that only P's and dS's 16-bit
+                    # fragments stay in registers beside dK and dV
+                    warpgroup_sync(w)  # (every warp's last dQ product has read the tile)
+                    wgmma_store(dst, ds_tile, q_map, 0, 0)
+                    pf = wgmma_a_fragments(p, kind)
+                    dsf = wgmma_a_fragments(dst, kind)
+                    fence_proxy_async_shared_cta()
+                    warpgroup_sync(w)
+                    # dV += Pᵀ dO, dK += dSᵀ Q (the queries as K; dO and Q MN-major)
+                    dvacc, dkacc, pf, dsf = wgmma_fence((dvacc, dkacc, pf, dsf))
+                    dvacc = wgmma(dvacc, pf, wgmma_desc(do_all, do_map, "MN", 0, (0, BQ)), 1)
+                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_all, q_map, "MN", 0, (0, BQ)), 1)
+                    wgmma_commit_group()
+                    # dQ_w = dS K_w: the dSᵀ tile read back MN-major as A, a 64-wide chunk of D at a time
+                    for ch in range(chunks):
+                        k_chunk = shared_view(smem, w * q_elems + ch * box, (1, BQ, CHUNK))
+                        dq = wgmma_fence(wgmma_zeros(CHUNK))
+                        dq = wgmma(dq, wgmma_desc(ds_operand, q_map, "MN", 0, (0, BQ)),
+                                   wgmma_desc(k_chunk, k_map, "MN", 0, (0, BQ)), 0)
+                        wgmma_commit_group()
+                        dq = wgmma_wait_group(0, dq)
+                        wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, CHUNK * ch, sq, scale))
+                    dvacc, dkacc = wgmma_wait_group(0, (dvacc, dkacc))
+                    if lane == 0:
+                        qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
+            if lane == 0:
+                kvpipe.consumer_release()
+            dkacc = wgmma_map(dkacc, times, scale)
+            wgmma_store_global(dkacc, dk[b, g], n0 + BQ * w, 0)
+            wgmma_store_global(dvacc, dv[b, g], n0 + BQ * w, 0)
+
+    budget = register_budget(2, producer=24)  # (consumers 240: dK and dV, Sᵀ and dPᵀ live together)
+    roles = warp_specialize(budget, producer, consumer)
+    jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
+
+    @jit
+    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk, c,
+                                  scale):
+        smem = cuda.shared.array(0, nb_dtype, alignment=1024)
+        stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
+        kvpipe = Pipeline(1, 1, 8)  # K and V of the item: one arrival per consumer warp at its end
+        qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
+        grid_dependency_sync()
+        roles((smem, stats, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk,
+               c, scale))
+
+    return attention_backward_kernel
+
+
+def shared_bytes(d, stages):
+    """Dynamic shared memory of the main kernel: K and V (128 x D each), ``stages`` x (Q, dO) of 64 x D, two dSᵀ
+    tiles of 64 x 64 (16-bit elements)."""
+    return 2 * (2 * BN * d + 2 * stages * BQ * d + 2 * BQ * CHUNK)
+
+
+# -- the plans -----------------------------------------------------------------------------------------------------
+class _Prep(Plan):
+    rebindable = False
+    writes = ("stats", "dqacc")
+
+    def __init__(self, o2, do2, lse, stats, dqacc, kind, heads, sq, rows):
+        self.kernel = _prep_kernel(kind)
+        self.grid, self.block, self.shared_mem = ceil_div(rows, PREP_WARPS), 32 * PREP_WARPS, 0
+        self._args = (o2, do2, lse, stats, dqacc, heads, sq)
+
+    args = property(lambda self: self._args)
+    output = property(lambda self: self._args[3])
+
+
+class _Post(Plan):
+    rebindable = False
+    writes = ("dq2",)
+
+    def __init__(self, dqacc, dq2, kind, heads, sq, pairs):
+        self.kernel = _post_kernel(kind)
+        self.grid, self.block, self.shared_mem = max(1, min(ceil_div(pairs, POST_THREADS), 4096)), POST_THREADS, 0
+        self._args = (dqacc, dq2, heads, sq)
+
+    args = property(lambda self: self._args)
+    output = property(lambda self: self._args[1])
+
+
+def _scratch(q, shape):
+    """A float32 work array of the plan (delta, dq's accumulator): a torch tensor on q's device when q is one (torch's
+    caching allocator, ordered on its streams), else a numba device array."""
+    if type(q).__module__.split(".")[0] == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+    return cuda.device_array(shape, np.float32)
+
+
+def _heads_major(lay, layout):
+    """(batch, heads, seq, head_dim) view of a "bhsd" or "bshd" array (its layout)."""
+    if layout == "bhsd":
+        return lay
+    s = lay.strides
+    return ArrayLayout(lay.ptr, (lay.shape[0], lay.shape[2], lay.shape[1], lay.shape[3]), (s[0], s[2], s[1], s[3]),
+                       lay.dtype)
+
+
+def _pairs(lay):
+    """The layout viewed as pairs of 16-bit elements along the (contiguous) head dim: uint32."""
+    shape = lay.shape[:3] + (lay.shape[3] // 2,)
+    return ArrayLayout(lay.ptr, shape, lay.strides[:3] + (4,), np.dtype(np.uint32))
+
+
+class AttentionBackward(Plan):
+    """A planned attention backward (see the module docstring): ``dq, dk, dv`` from ``q, k, v, o, do, lse``.
+    Options: ``causal`` (as the forward), ``scale`` (default ``1 / sqrt(D)``; |scale| <= 1), ``layout``
+    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 2). ``launch(stream)`` runs the three kernels in
+    order on the stream and returns ``(dq, dk, dv)``."""
+
+    rebindable = False
+    writes = ("dq", "dk", "dv")
+
+    def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None):
+        op = "AttentionBackward"
+        if layout not in LAYOUTS:
+            raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
+                                 f"heads, head_dim), got {layout!r}")
+        lays = {name: array_layout(x) for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do),
+                                                       ("dq", dq), ("dk", dk), ("dv", dv))}
+        for name, lay in lays.items():
+            if len(lay.shape) != 4:
+                raise TensorMapError(f"{op}: {name} is a {lay.name}; attention takes 4-D arrays ({layout}).")
+            if lay.dtype.name not in DTYPES or lay.dtype != lays["q"].dtype:
+                raise TensorMapError(f"{op}: {name} is a {lay.name}; q, k, v, o, do, dq, dk and dv must all be "
+                                     f"bfloat16 or all float16.")
+        hm = {name: _heads_major(lay, layout) for name, lay in lays.items()}
+        bq, hq, sq, d = hm["q"].shape
+        bk, hk, sk, dk_ = hm["k"].shape
+        for name in ("o", "do", "dq"):
+            if lays[name].shape != lays["q"].shape:
+                raise TensorMapError(f"{op}: {name} is {lays[name].shape} but q is {lays['q'].shape}; it takes q's "
+                                     f"shape.")
+        for name in ("v", "dk", "dv"):
+            if lays[name].shape != lays["k"].shape:
+                raise TensorMapError(f"{op}: {name} is {lays[name].shape} but k is {lays['k'].shape}; it takes k's "
+                                     f"shape.")
+        if bk != bq or dk_ != d:
+            raise TensorMapError(f"{op}: q is {lays['q'].shape} and k is {lays['k'].shape} ({layout}): the batch "
+                                 f"and the head dim must agree.")
+        if d not in HEAD_DIMS:
+            raise TensorMapError(f"{op}: head dim {d} (q is {lays['q'].shape}); supported: "
+                                 f"{', '.join(map(str, HEAD_DIMS))} (256: not yet - its dK and dV would take 256 "
+                                 f"registers a thread).")
+        if hk == 0 or hq % hk:
+            raise TensorMapError(f"{op}: q has {hq} heads and k/v {hk}; the query heads must be a multiple of the "
+                                 f"key/value heads (grouped-query attention).")
+        if sk == 0 and sq > 0:
+            raise TensorMapError(f"{op}: k and v have no keys (k is {lays['k'].shape}).")
+        for name, lay in lays.items():
+            if hm[name].strides[3] != lay.dtype.itemsize:
+                raise TensorMapError(f"{op}: {name} is a {lay.name}; its head dim must be contiguous.")
+        ll = array_layout(lse)
+        if ll.shape != (bq, hq, sq) or ll.dtype != np.float32:
+            raise TensorMapError(f"{op}: lse is a {ll.name}; it must be the forward's float32 log-sum-exp, shape "
+                                 f"{(bq, hq, sq)} (batch, heads, query rows).")
+        self.causal = bool_option(op, "causal", causal)
+        scale = 1.0 / math.sqrt(d) if scale is None else scalar_option(op, "scale", scale, finite=True)
+        if abs(scale) > FUSED_MAX_SCALE:
+            raise TensorMapError(f"{op}: |scale| must be at most {FUSED_MAX_SCALE:g} (the backward recomputes P as "
+                                 f"exp2(s · scale·log2 e - lse·log2 e), which loses precision to cancellation beyond "
+                                 f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
+        self.scale = scale
+        self.stages = int_option(op, "stages", 2 if stages is None else stages, 1, 4)
+        if shared_bytes(d, self.stages) > SMEM_LIMIT:
+            raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs {shared_bytes(d, self.stages)} "
+                                 f"bytes of shared memory; a block may use {SMEM_LIMIT}")
+        self.shape = (bq, hq, hk, sq, sk, d)
+        self.layout = layout
+        self.dtype = lays["q"].dtype
+        self.dq, self.dk, self.dv = dq, dk, dv
+        kind = "bf16" if self.dtype.name == "bfloat16" else "f16"
+        self.kernel = None
+        if bq * hq * sq == 0 or bq * hk * sk == 0:
+            return
+        q_box = kv_box = (1, 1, BQ, CHUNK)
+        self.q_map = TensorMap(layout_view(hm["q"], q), q_box, swizzle=Swizzle.B128)
+        self.do_map = TensorMap(layout_view(hm["do"], do), q_box, swizzle=Swizzle.B128)
+        self.k_map = TensorMap(layout_view(hm["k"], k), kv_box, swizzle=Swizzle.B128)
+        self.v_map = TensorMap(layout_view(hm["v"], v), kv_box, swizzle=Swizzle.B128)
+        self.lse = lse
+        self.dk_view = kernel_view(hm["dk"], dk)
+        self.dv_view = kernel_view(hm["dv"], dv)
+        padded = ceil_div(sq, BQ) * BQ
+        self.stats = _scratch(q, (bq, hq, 2, padded))  # lse · log2 e and delta per query row, padded
+        self.dqacc = _scratch(q, (bq, hq, sq, d))
+        self.stats_map = TensorMap(self.stats, (1, 1, 2, BQ))
+        self.prep = _Prep(kernel_view(_pairs(hm["o"]), o), kernel_view(_pairs(hm["do"]), do), lse, self.stats,
+                          self.dqacc, kind, hq, sq, bq * hq * padded)
+        self.post = _Post(self.dqacc, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, bq * hq * sq * d // 2)
+        self.items = bq * hk * ceil_div(sk, BN)
+        self.block = 3 * WARPGROUP
+        self.shared_mem = shared_bytes(d, self.stages)
+        self._grid = None
+        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dqacc, self.dk_view,
+                     self.dv_view, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634), np.float32(scale))
+        self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages)
+
+    args = property(lambda self: self._args)
+
+    @property
+    def grid(self):
+        """CTAs: one per SM (persistent; the SMs counted on first use), never more than there are items."""
+        if self._grid is None:
+            self._grid = persistent_grid(self.items)
+        return self._grid
+
+    @property
+    def output(self):
+        return self.dq, self.dk, self.dv
+
+    def launch(self, stream=None):
+        """The three kernels in order on ``stream``; returns ``(dq, dk, dv)``."""
+        if self.kernel is not None:
+            handle = self.stream_for(stream)  # (torch's current stream for torch tensors: all three on it)
+            self.prep.launch(handle)
+            super().launch(handle)
+            self.post.launch(handle)
+        return self.output
+
+    def __repr__(self):
+        b, hq, hk, sq, sk, d = self.shape
+        return (f"AttentionBackward(batch {b}, heads {hq}/{hk}, seq {sq}x{sk}, head dim {d}, {self.dtype.name}, "
+                f"{self.layout}, causal={self.causal}, stages={self.stages})")
+
+
+def attention_backward(q, k, v, o, do, lse, dq, dk, dv, **options):
+    """``dq, dk, dv`` with :class:`AttentionBackward` (options as there, plus ``stream``)."""
+    return run(AttentionBackward, q, k, v, o, do, lse, dq, dk, dv, **options)

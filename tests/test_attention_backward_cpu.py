@@ -1,0 +1,72 @@
+"""CPU tests of numbatma.kernels.AttentionBackward: its arguments refused in the user's terms before any GPU work
+(shapes, dtypes, layouts, head dims, grouped heads, the forward's lse, the scale, stages, a non-contiguous head
+dim), and the main kernel compiled for sm_90a: wgmma products back to back, two setmaxnreg, no local memory at
+D = 64. (Correctness: tests/sim/test_sim_attention_backward.py in the simulator, tests/test_gpu_attention_backward.py
+on the GPU.)"""
+import importlib
+
+import numpy as np
+import pytest
+from numba.cuda.typing.typeof import typeof
+
+from fakes import FakeCudaArray
+from numbatma import TensorMapError
+from numbatma.compile import compile_cubin, sass
+from numbatma.kernels import AttentionBackward
+
+backward_module = importlib.import_module("numbatma.kernels.attention_backward")
+
+
+@pytest.fixture(autouse=True)
+def no_gpu_scratch(monkeypatch):
+    """The plan's float32 work arrays as stand-ins (no GPU here)."""
+    ptrs = iter(range(50, 60))
+    monkeypatch.setattr(backward_module, "_scratch",
+                        lambda q, shape: FakeCudaArray(shape, np.float32, ptr=1 << next(ptrs)))
+
+
+def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.float16, **change):
+    def shape(h, s):
+        return (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+
+    ptr = iter(range(20, 48, 2))
+    made = dict(q=shape(hq, sq), k=shape(hk, sk), v=shape(hk, sk), o=shape(hq, sq), do=shape(hq, sq),
+                lse=(b, hq, sq), dq=shape(hq, sq), dk=shape(hk, sk), dv=shape(hk, sk))
+    out = {}
+    for name, shp in made.items():
+        spec = change.get(name, (shp, np.float32 if name == "lse" else dtype))
+        out[name] = FakeCudaArray(spec[0], spec[1], ptr=1 << next(ptr))
+    return [out[n] for n in ("q", "k", "v", "o", "do", "lse", "dq", "dk", "dv")]
+
+
+@pytest.mark.parametrize("change, options, message", [
+    (dict(), dict(layout="bsdh"), "layout must be 'bhsd' .* or 'bshd' .*, got 'bsdh'"),
+    (dict(k=((2, 2, 1000, 64), np.float32)), dict(), "k is a .*float32.*must all be bfloat16 or all float16"),
+    (dict(dq=((2, 4, 999, 64), np.float16)), dict(), r"dq is \(2, 4, 999, 64\) but q is \(2, 4, 1000, 64\)"),
+    (dict(dv=((2, 2, 1000, 32), np.float16)), dict(), r"dv is \(2, 2, 1000, 32\) but k is"),
+    (dict(lse=((2, 4, 1000), np.float16)), dict(), "lse is .*; it must be the forward's float32 log-sum-exp"),
+    (dict(), dict(scale=2.0), r"\|scale\| must be at most 1 .* got 2.0"),
+    (dict(), dict(scale=float("nan")), "scale must be a finite number"),
+    (dict(), dict(stages=5), "stages must be an int(?:eger)? in 1..4, got 5"),
+    (dict(), dict(causal=1), "causal must be True or False, got 1"),
+])
+def test_bad_arguments(change, options, message):
+    with pytest.raises(TensorMapError, match="AttentionBackward: " + message):
+        AttentionBackward(*arrays(**change), **options)
+
+
+def test_head_dim_256_and_uneven_groups_are_refused():
+    with pytest.raises(TensorMapError, match="head dim 256 .*supported: 64, 128 .*256: not yet"):
+        AttentionBackward(*arrays(d=256))
+    with pytest.raises(TensorMapError, match="q has 3 heads and k/v 2"):
+        AttentionBackward(*arrays(hq=3, hk=2))
+
+
+def test_the_kernel_compiles_without_local_memory():
+    plan = AttentionBackward(*arrays(d=64), causal=False)
+    text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
+    ops = [line.split("*/")[1].split(";")[0].split()[0] for line in text.splitlines()
+           if "*/" in line and "HGMMA" in line]
+    assert ops.count("HGMMA.64x64x16.F32") == 20  # Sᵀ, dPᵀ: 4 k-steps each; dV, dK: 4 each; dQ: 4
+    assert "STL" not in text and "LDL" not in text, "local memory in the backward kernel"
+    assert text.count("USETMAXREG") == 2 and "REDG.E.ADD.F32" in text and "UTMALDG" in text

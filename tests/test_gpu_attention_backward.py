@@ -1,0 +1,102 @@
+"""GPU tests (marker ``gpu``): numbatma.kernels.AttentionBackward against torch autograd through
+scaled_dot_product_attention in float32, on the same bfloat16 / float16 inputs (fresh random data): dq, dk, dv for
+head dims 64 and 128, causal and not, lengths 1, 17, 1000, 4097, different query and key lengths, grouped-query
+heads (dk and dv summed over a group), both layouts, the scale; the outputs NaN-poisoned first, and written through
+views inside larger buffers whose margins must keep their sentinel.
+
+Tolerance: P and dS enter the tensor cores rounded to the input type (half an ulp relative each), the outputs are
+rounded once more; |grad - ref| <= 4 ulp(dtype) · max|ref| + 1e-3 · max|ref| covers that with room, and a wrong
+mask, scale or missing block is off by far more (a few percent of max|ref| at least)."""
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+from numbatma.kernels import Attention, AttentionBackward, attention_backward  # noqa: E402
+
+TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+ULP = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+SENTINEL = 7.0
+
+
+def reference(q, k, v, do, causal, scale):
+    """(dq, dk, dv) in float32 from (B, H, S, D) tensors by autograd (k, v repeated over the group)."""
+    group = q.shape[1] // k.shape[1]
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(qf, kf.repeat_interleave(group, 1),
+                                                         vf.repeat_interleave(group, 1), is_causal=causal,
+                                                         scale=scale)
+    o.backward(do.float())
+    return qf.grad, kf.grad, vf.grad
+
+
+def padded(shape, dtype, layout):
+    """(view, parent): a (B, H, S, D) view - stored as ``layout`` - inside a parent with margins on the sequence
+    and batch axes, everything SENTINEL, the view then NaN."""
+    b, h, s, d = shape
+    if layout == "bshd":
+        parent = torch.full((b + 1, s + 3, h, d), SENTINEL, device="cuda", dtype=dtype)
+        view = parent[:b, 1:s + 1]  # (B, S, H, D)
+    else:
+        parent = torch.full((b + 1, h, s + 3, d), SENTINEL, device="cuda", dtype=dtype)
+        view = parent[:b, :, 1:s + 1]
+    view.fill_(float("nan"))
+    return view, parent
+
+
+def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", scale=None, function=False):
+    torch.manual_seed(hash((b, hq, hk, sq, sk, d, causal, layout, dtype)) % (1 << 31))
+    t = TORCH[dtype]
+
+    def make(h, s):
+        x = torch.randn((b, h, s, d), device="cuda", dtype=torch.float32).to(t)  # (B, H, S, D)
+        return x.transpose(1, 2).contiguous() if layout == "bshd" else x
+
+    q, k, v, do = make(hq, sq), make(hk, sk), make(hk, sk), make(hq, sq)
+    as_bhsd = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, sq), device="cuda", dtype=torch.float32)
+    fwd = Attention(q, k, v, o, lse, causal=causal, layout=layout, scale=scale)
+    fwd.launch()
+    grads = [padded((b, h, s, d), t, layout) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
+    dq, dk, dv = (g[0] for g in grads)
+    if function:
+        attention_backward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, layout=layout, scale=scale)
+    else:
+        AttentionBackward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, layout=layout, scale=scale).launch()
+    torch.cuda.synchronize()
+    refs = reference(as_bhsd(q), as_bhsd(k), as_bhsd(v), as_bhsd(do), causal, fwd.scale)
+    for name, (view, parent), ref in zip(("dq", "dk", "dv"), grads, refs):
+        got = as_bhsd(view).float()
+        assert not torch.isnan(got).any(), f"{name}: {int(torch.isnan(got).sum())} elements never written"
+        scale_ref = max(ref.abs().max().item(), 1e-2)  # (S = 1: dq is 0 up to rounding noise)
+        err = (got - ref).abs().max().item()
+        bound = (4 * ULP[dtype] + 1e-3) * scale_ref
+        assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g} (max |ref| {scale_ref:.3g})"
+        outside = parent.clone()
+        if layout == "bshd":
+            outside[:view.shape[0], 1:view.shape[1] + 1] = SENTINEL
+        else:
+            outside[:view.shape[0], :, 1:view.shape[2] + 1] = SENTINEL
+        assert (outside == SENTINEL).all(), f"{name}: written outside its view"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("b, hq, hk, sq, sk", [(1, 2, 2, 1, 1), (2, 3, 3, 17, 17), (1, 4, 2, 1000, 1000),
+                                               (1, 2, 2, 300, 1000), (1, 2, 1, 1000, 300), (1, 1, 1, 4097, 4097)])
+def test_gradients_match_float32_autograd(d, causal, b, hq, hk, sq, sk):
+    run_case(b, hq, hk, sq, sk, d, causal)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bshd_float16_and_a_scale(d, causal):
+    run_case(2, 4, 2, 333, 517, d, causal, layout="bshd", dtype="float16", scale=0.3)
+    run_case(1, 2, 1, 200, 130, d, causal, scale=-0.7, function=True)
+
+
+def test_default_scale_is_one_over_sqrt_d():
+    run_case(1, 2, 2, 128, 128, 64, False, scale=1 / math.sqrt(64))
