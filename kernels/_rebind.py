@@ -52,8 +52,15 @@ _scalar_types = {}
 
 
 def _looks_like_array(value):
-    return (isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
-            or hasattr(value, "__dlpack__") or hasattr(value, "_ary"))  # (_ary: the CUDA simulator's arrays)
+    cls = type(value)
+    if (isinstance(value, np.ndarray) or hasattr(cls, "__cuda_array_interface__") or hasattr(cls, "__dlpack__")
+            or hasattr(value, "_ary")):  # (_ary: the CUDA simulator's arrays)
+        return True
+    try:  # (an interface set on the instance; the class checks above do not run a property, which may raise -
+        # torch's does for a tensor that requires grad)
+        return hasattr(value, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - an interface that refuses to be read is still an array's
+        return True
 
 
 class Move:

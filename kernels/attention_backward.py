@@ -26,11 +26,12 @@ Three kernels, launched in order on one stream:
      (:func:`wgmma_a_fragments`), dO and Q read MN-major from the same tiles;
    * ``dSᵀ`` into a 64 x 64 shared tile (:func:`wgmma_store`), and ``dQ_w = dS K_w`` with that tile as an
      MN-major A operand, one 64-column chunk of the head dim at a time, added into the float32 accumulator of
-     ``dq`` with ``red.global.add.f32`` (both consumers and every item of the query block's heads add to it).
+     ``dq`` by a TMA reduce-add of the tile staged in shared memory (float32, 128-byte swizzle; both consumers and
+     every item of the key blocks add to it, in no fixed order).
 
    The item's end: ``dK · scale`` and ``dV`` converted and stored from registers (:func:`wgmma_store_global`:
    bounds-checked, nothing past the keys).
-3. **Postprocess**: ``dq`` = the accumulator (already scaled) converted to q's type.
+3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type.
 
 Not yet here (issue 26): head dim 256 (dK and dV of 64 keys take 256 registers a thread), the overlap of one block's
 products with the next one's softmax, the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's
@@ -46,6 +47,10 @@ from numba import cuda
 from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
 from numbatma.intrinsics import (
     Pipeline,
+    bulk_commit_group,
+    bulk_wait_group,
+    store_buffers,
+    tma_reduce,
     elect_one_sync,
     fast_exp2,
     fence_proxy_async_shared_cta,
@@ -85,7 +90,6 @@ BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the 
 HEAD_DIMS = (64, 128)
 SMEM_LIMIT = 227 * 1024
 PREP_WARPS = 4  # warps (rows) per block of the preprocess kernel
-POST_THREADS = 256
 
 
 # -- preprocess and postprocess ------------------------------------------------------------------------------------
@@ -131,28 +135,27 @@ def _post_kernel(kind):
     pack = pack_bf16x2 if kind == "bf16" else pack_f16x2
 
     @cuda.jit
-    def post(dqacc, dq2, heads, sq):
-        """dq (pairs of 16-bit elements, uint32) = the float32 accumulator, rounded to nearest even."""
+    def post(dqacc, dq2, heads, sq, scale):
+        """dq (pairs of 16-bit elements, uint32) = scale x the float32 accumulator, rounded to nearest even: one
+        block per row (the row's indices computed once), its threads over the row's pairs."""
         grid_dependency_sync()
-        half = dq2.shape[3]
-        n = dq2.shape[0] * heads * sq * half
-        for t in range(cuda.grid(1), n, cuda.gridsize(1)):
-            j = t % half
-            i = (t // half) % sq
-            h = (t // (half * sq)) % heads
-            b = t // (half * sq * heads)
-            dq2[b, h, i, j] = pack(dqacc[b, h, i, 2 * j], dqacc[b, h, i, 2 * j + 1])
+        row = cuda.blockIdx.x
+        b = row // (heads * sq)
+        h = (row // sq) % heads
+        i = row % sq
+        for j in range(cuda.threadIdx.x, dq2.shape[3], cuda.blockDim.x):
+            dq2[b, h, i, j] = pack(dqacc[b, h, i, 2 * j] * scale, dqacc[b, h, i, 2 * j + 1] * scale)
 
     return post
 
 
 # -- the main kernel -----------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline="always")
-def backward_work(dqacc, hk, sq, sk):
+def backward_work(batch, hk, sq, sk):
     """(items, key blocks per head, query blocks, rounds) of the persistent loop."""
     nkb = (sk + BN - 1) // BN
     nqb = (sq + BQ - 1) // BQ
-    items = dqacc.shape[0] * hk * nkb
+    items = batch * hk * nkb
     rounds = (items + cuda.gridDim.x - 1) // cuda.gridDim.x
     return items, nkb, nqb, rounds
 
@@ -175,7 +178,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
     v_base = kv_elems
     q_base = 2 * kv_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
     ds_base = q_base + 2 * stages * q_elems  # consumer w's dSᵀ tile (64 x 64) at ds_base + w BQ CHUNK
+    dq_elems = BQ * CHUNK  # a consumer's dQ staging tile: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
+    dq_out = store_buffers(1)  # (written by the warpgroup, TMA-reduced into dq's accumulator by its first thread)
     stats_elems = 2 * stages * BQ  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
+    dq_stage_elems = 2 * BQ * CHUNK  # (static: the two consumers' dQ tiles)
 
     @cuda.jit(device=True, inline="always")
     def weights(s, half, col, ex):
@@ -198,15 +204,6 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
         return p * (dp - delta[col])
 
     @cuda.jit(device=True, inline="always")
-    def add_dq(x, half, col, ex):
-        """Adds scale · x into the float32 accumulator of dq at query row ``row0 + 8 half``, column ``c0 + col``."""
-        dqacc, b, h, row0, c0, sq, scale = ex
-        row = row0 + 8 * half
-        if row < sq:
-            cuda.atomic.add(dqacc, (b, h, row, c0 + col), x * scale)
-        return x
-
-    @cuda.jit(device=True, inline="always")
     def times(x, half, col, f):
         return x * f
 
@@ -219,16 +216,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
     def producer(args):
         """One elected thread: per item K and V (one stage), then Q and dO of every query block of every query head
         of the group that sees the item's keys."""
-        (smem, stats, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk, c,
-         scale) = args
-        items, nkb, nqb, rounds = backward_work(dqacc, hk, sq, sk)
+        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
+         group, sq, sk, c, scale) = args
+        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
                 for r in range(rounds):
                     t = r * cuda.gridDim.x + cuda.blockIdx.x
                     if t >= items:
                         break
-                    b, g, n0 = backward_item(t, dqacc.shape[0], hk)
+                    b, g, n0 = backward_item(t, batch, hk)
                     kvpipe.producer_acquire()
                     for ww in range(2):  # each consumer's 64 keys as a tile of their own
                         for ch in range(chunks):
@@ -252,9 +249,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
     @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
-        (smem, stats, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk, c,
-         scale) = args
-        items, nkb, nqb, rounds = backward_work(dqacc, hk, sq, sk)
+        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
+         group, sq, sk, c, scale) = args
+        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
         row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row of a 64-row accumulator (the second: + 8)
@@ -262,11 +259,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
         v_w = shared_view(smem, v_base + w * q_elems, (chunks, BQ, CHUNK))
         ds_tile = shared_view(smem, ds_base + w * box, (BQ, CHUNK))
         ds_operand = shared_view(smem, ds_base + w * box, (1, BQ, CHUNK))
+        dq_tile = shared_view(dq_stage, w * dq_elems, (2, BQ, 32))
         for r in range(rounds):
             t = r * cuda.gridDim.x + cuda.blockIdx.x
             if t >= items:
                 break
-            b, g, n0 = backward_item(t, dqacc.shape[0], hk)
+            b, g, n0 = backward_item(t, batch, hk)
             key0 = n0 + BQ * w + row_in_wg
             key_hi = n0 + BQ * w + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
             kvpipe.consumer_wait()
@@ -310,7 +308,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
                     dvacc = wgmma(dvacc, pf, wgmma_desc(do_all, do_map, "MN", 0, (0, BQ)), 1)
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_all, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
-                    # dQ_w = dS K_w: the dSᵀ tile read back MN-major as A, a 64-wide chunk of D at a time
+                    # dQ_w = dS K_w: the dSᵀ tile read back MN-major as A, a 64-wide chunk of D at a time, staged
+                    # in shared memory and added into dq's float32 accumulator by a TMA reduce (the row ends clip)
                     for ch in range(chunks):
                         k_chunk = shared_view(smem, w * q_elems + ch * box, (1, BQ, CHUNK))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
@@ -318,7 +317,13 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
                                    wgmma_desc(k_chunk, k_map, "MN", 0, (0, BQ)), 0)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, CHUNK * ch, sq, scale))
+                        dq_out.acquire(w, tw)  # (the previous reduce has read the tile)
+                        wgmma_store(dq, dq_tile, dq_map, 0, 0)
+                        if dq_out.publish(w, tw):
+                            for j in range(2):
+                                tma_reduce("add", dq_map, (b, h, m0, CHUNK * ch + 32 * j),
+                                           shared_view(dq_stage, (w * 2 + j) * BQ * 32, (BQ, 32)))
+                            bulk_commit_group()
                     dvacc, dkacc = wgmma_wait_group(0, (dvacc, dkacc))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
@@ -327,21 +332,24 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
             dkacc = wgmma_map(dkacc, times, scale)
             wgmma_store_global(dkacc, dk[b, g], n0 + BQ * w, 0)
             wgmma_store_global(dvacc, dv[b, g], n0 + BQ * w, 0)
+        if tw == 0:
+            bulk_wait_group(0)  # (dq's last reduces complete before the kernel ends)
 
     budget = register_budget(2, producer=24)  # (consumers 240: dK and dV, Sᵀ and dPᵀ live together)
     roles = warp_specialize(budget, producer, consumer)
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
-    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk, c,
-                                  scale):
+    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk, group, sq, sk,
+                                  c, scale):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
+        dq_stage = cuda.shared.array(dq_stage_elems, np.float32, alignment=1024)  # the consumers' dQ tiles
         kvpipe = Pipeline(1, 1, 8)  # K and V of the item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
-        roles((smem, stats, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dqacc, dk, dv, hk, group, sq, sk,
-               c, scale))
+        roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
+               group, sq, sk, c, scale))
 
     return attention_backward_kernel
 
@@ -370,10 +378,10 @@ class _Post(Plan):
     rebindable = False
     writes = ("dq2",)
 
-    def __init__(self, dqacc, dq2, kind, heads, sq, pairs):
+    def __init__(self, dqacc, dq2, kind, heads, sq, scale, rows, pairs):
         self.kernel = _post_kernel(kind)
-        self.grid, self.block, self.shared_mem = max(1, min(ceil_div(pairs, POST_THREADS), 4096)), POST_THREADS, 0
-        self._args = (dqacc, dq2, heads, sq)
+        self.grid, self.block, self.shared_mem = rows, pairs, 0  # (a row per block, a pair per thread)
+        self._args = (dqacc, dq2, heads, sq, scale)
 
     args = property(lambda self: self._args)
     output = property(lambda self: self._args[1])
@@ -487,15 +495,17 @@ class AttentionBackward(Plan):
         self.stats = _scratch(q, (bq, hq, 2, padded))  # lse · log2 e and delta per query row, padded
         self.dqacc = _scratch(q, (bq, hq, sq, d))
         self.stats_map = TensorMap(self.stats, (1, 1, 2, BQ))
+        self.dq_map = TensorMap(self.dqacc, (1, 1, BQ, 32), swizzle=Swizzle.B128)  # (reduce-adds of dQ tiles)
         self.prep = _Prep(kernel_view(_pairs(hm["o"]), o), kernel_view(_pairs(hm["do"]), do), lse, self.stats,
                           self.dqacc, kind, hq, sq, bq * hq * padded)
-        self.post = _Post(self.dqacc, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, bq * hq * sq * d // 2)
+        self.post = _Post(self.dqacc, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, np.float32(scale),
+                          bq * hq * sq, d // 2)
         self.items = bq * hk * ceil_div(sk, BN)
         self.block = 3 * WARPGROUP
         self.shared_mem = shared_bytes(d, self.stages)
         self._grid = None
-        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dqacc, self.dk_view,
-                     self.dv_view, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634), np.float32(scale))
+        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, self.dk_view,
+                      self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634), np.float32(scale))
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages)
 
     args = property(lambda self: self._args)

@@ -358,3 +358,21 @@ def test_empty_arrays_of_any_strides_launch_nothing(form, strides, offline):
         out = e((0, 8), 1 << 31)
         assert gemm(e((0, 16), MB, np.float16), fa((16, 8), np.float16, ptr=1 << 30), out) is out
     assert offline == []
+
+
+def test_an_array_whose_interface_raises_is_still_an_array():
+    """torch raises RuntimeError (not AttributeError) for the CUDA Array Interface of a tensor that requires grad: the
+    plans' argument check must not turn that into a crash of its own (numbatma.kernels.torch's ops met it)."""
+    from numbatma.kernels._rebind import _looks_like_array
+
+    class Refusing:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    class InstanceInterface:
+        def __init__(self):
+            self.__cuda_array_interface__ = {"shape": (1,)}
+
+    assert _looks_like_array(Refusing()) and _looks_like_array(InstanceInterface())
+    assert not _looks_like_array(3.0) and not _looks_like_array("bhsd")
