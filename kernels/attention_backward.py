@@ -4,7 +4,7 @@
 
 Arrays as :class:`numbatma.kernels.Attention` takes them: ``q``, ``o``, ``do``, ``dq`` (B, Hq, Sq, D), ``k``, ``v``,
 ``dk``, ``dv`` (B, Hkv, Sk, D) with ``layout="bhsd"`` (or (B, S, H, D) with ``layout="bshd"``; any strides TMA can
-describe, the head dim contiguous), bfloat16 or float16 (all the same), D = 64 or 128, ``Hq`` a multiple of ``Hkv``
+describe, the head dim contiguous), bfloat16 or float16 (all the same), D = 64, 128 or 256, ``Hq`` a multiple of ``Hkv``
 (grouped-query attention: ``dk`` and ``dv`` of a key/value head sum over its query heads), any Sq, Sk >= 1;
 ``lse`` (B, Hq, Sq) float32 as the forward wrote it (natural log). ``causal``: top-left alignment, as the forward.
 
@@ -15,7 +15,8 @@ Three kernels, launched in order on one stream:
 2. **Main** (a persistent grid, 384 threads: :func:`numbatma.intrinsics.warp_specialize` with a producer and two
    consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
    ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
-   item. The producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the
+   item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
+   dQ (both compute the same ``Sᵀ`` and ``dPᵀ``: 7/5 of the products' work, in the registers of D = 128). The producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the
    keys (causal: from the diagonal on), of every query head of the group, through a ``stages``-deep
    :class:`Pipeline`. Per query block a consumer computes, all on wgmma:
 
@@ -33,8 +34,7 @@ Three kernels, launched in order on one stream:
    bounds-checked, nothing past the keys).
 3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type.
 
-Not yet here (issue 26): head dim 256 (dK and dV of 64 keys take 256 registers a thread), the overlap of one block's
-products with the next one's softmax, the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's
+Not yet here (issue 26): the overlap of one block's products with the next one's softmax, the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's
 "exact" softmax mode).
 """
 from __future__ import annotations
@@ -85,9 +85,15 @@ from ._plan import Plan, run
 
 __all__ = ["AttentionBackward", "attention_backward"]
 
-BN = 128  # keys per item: two consumer warpgroups x 64
 BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the head dim)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+
+
+def keys_per_item(d):
+    """Keys of an item: 128 (each consumer warpgroup owns 64 of them, dK and dV of the whole head dim) for D <= 128;
+    64 at D = 256 (both consumers see the same 64 keys, each owns half of the head dim of dK, dV and dQ: 64 x 128
+    accumulators, the registers of the D = 128 kernel)."""
+    return 64 if d == 256 else 128
 SMEM_LIMIT = 227 * 1024
 PREP_WARPS = 4  # warps (rows) per block of the preprocess kernel
 
@@ -151,9 +157,9 @@ def _post_kernel(kind):
 
 # -- the main kernel -----------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline="always")
-def backward_work(batch, hk, sq, sk):
-    """(items, key blocks per head, query blocks, rounds) of the persistent loop."""
-    nkb = (sk + BN - 1) // BN
+def backward_work(batch, hk, sq, sk, kb):
+    """(items, key blocks per head, query blocks, rounds) of the persistent loop (``kb`` keys an item)."""
+    nkb = (sk + kb - 1) // kb
     nqb = (sq + BQ - 1) // BQ
     items = batch * hk * nkb
     rounds = (items + cuda.gridDim.x - 1) // cuda.gridDim.x
@@ -161,20 +167,24 @@ def backward_work(batch, hk, sq, sk):
 
 
 @cuda.jit(device=True, inline="always")
-def backward_item(t, batch, hk):
+def backward_item(t, batch, hk, kb):
     """Item ``t``: (batch, key/value head, first key). Key block first: causal items with the lowest keys see the
     most query blocks, and they come first."""
     bh = t % (batch * hk)
-    return bh // hk, bh % hk, (t // (batch * hk)) * BN
+    return bh // hk, bh % hk, (t // (batch * hk)) * kb
 
 
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
+    halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
+    kb = keys_per_item(d)
+    dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
+    own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
     box = BQ * CHUNK  # elements of one 64 x 64 box (every TMA box of the kernel)
     q_elems = BQ * d  # a Q (or dO) tile: ``chunks`` boxes
-    kv_elems = BN * d  # K (or V) of an item: consumer w's 64 rows at w q_elems, ``chunks`` boxes each
+    kv_elems = kb * d  # K (or V) of an item: 64-row tiles of ``chunks`` boxes (consumer w's at w q_elems)
     v_base = kv_elems
     q_base = 2 * kv_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
     ds_base = q_base + 2 * stages * q_elems  # consumer w's dSᵀ tile (64 x 64) at ds_base + w BQ CHUNK
@@ -218,16 +228,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
         of the group that sees the item's keys."""
         (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
          group, sq, sk, c, scale) = args
-        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk)
+        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
                 for r in range(rounds):
                     t = r * cuda.gridDim.x + cuda.blockIdx.x
                     if t >= items:
                         break
-                    b, g, n0 = backward_item(t, batch, hk)
+                    b, g, n0 = backward_item(t, batch, hk, kb)
                     kvpipe.producer_acquire()
-                    for ww in range(2):  # each consumer's 64 keys as a tile of their own
+                    for ww in range(kb // BQ):  # each consumer's 64 keys as a tile of their own (one at D = 256)
                         for ch in range(chunks):
                             kvpipe.load(box_at(smem, ww * q_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
                             kvpipe.load(box_at(smem, v_base + ww * q_elems, ch), v_map,
@@ -237,7 +247,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
                     for hh in range(group):
                         h = g * group + hh
                         for i in range(first, nqb):
-                            s = qpipe.producer_acquire()
+                            s = qpipe.producer_acquire()  # (Q, dO and their rows' statistics)
                             for ch in range(chunks):
                                 qpipe.load(box_at(smem, q_base + 2 * s * q_elems, ch), q_map,
                                            (b, h, i * BQ, CHUNK * ch))
@@ -251,12 +261,14 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
         (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
          group, sq, sk, c, scale) = args
-        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk)
+        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
         row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row of a 64-row accumulator (the second: + 8)
-        k_w = shared_view(smem, w * q_elems, (chunks, BQ, CHUNK))  # this consumer's 64 keys of K and V
-        v_w = shared_view(smem, v_base + w * q_elems, (chunks, BQ, CHUNK))
+        kv_w = 0 if halves else w * q_elems  # this consumer's 64 keys of K and V (D = 256: the item's, shared)
+        k_w = shared_view(smem, kv_w, (chunks, BQ, CHUNK))
+        v_w = shared_view(smem, v_base + kv_w, (chunks, BQ, CHUNK))
+        c0 = own * w if halves else 0  # its first chunk of dK, dV and dQ
         ds_tile = shared_view(smem, ds_base + w * box, (BQ, CHUNK))
         ds_operand = shared_view(smem, ds_base + w * box, (1, BQ, CHUNK))
         dq_tile = shared_view(dq_stage, w * dq_elems, (2, BQ, 32))
@@ -264,12 +276,13 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
             t = r * cuda.gridDim.x + cuda.blockIdx.x
             if t >= items:
                 break
-            b, g, n0 = backward_item(t, batch, hk)
-            key0 = n0 + BQ * w + row_in_wg
-            key_hi = n0 + BQ * w + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
+            b, g, n0 = backward_item(t, batch, hk, kb)
+            k0 = n0 if halves else n0 + BQ * w  # the consumer's first key
+            key0 = k0 + row_in_wg
+            key_hi = k0 + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
             kvpipe.consumer_wait()
-            dkacc = wgmma_zeros(d)
-            dvacc = wgmma_zeros(d)
+            dkacc = wgmma_zeros(dn)
+            dvacc = wgmma_zeros(dn)
             first = n0 // BQ if causal else 0
             for hh in range(group):
                 h = g * group + hh
@@ -305,13 +318,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
                     warpgroup_sync(w)
                     # dV += Pᵀ dO, dK += dSᵀ Q (the queries as K; dO and Q MN-major)
                     dvacc, dkacc, pf, dsf = wgmma_fence((dvacc, dkacc, pf, dsf))
-                    dvacc = wgmma(dvacc, pf, wgmma_desc(do_all, do_map, "MN", 0, (0, BQ)), 1)
-                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_all, q_map, "MN", 0, (0, BQ)), 1)
+                    do_own = shared_view(smem, q_base + (2 * s + 1) * q_elems + c0 * box, (own, BQ, CHUNK))
+                    q_own = shared_view(smem, q_base + 2 * s * q_elems + c0 * box, (own, BQ, CHUNK))
+                    dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
+                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
                     # dQ_w = dS K_w: the dSᵀ tile read back MN-major as A, a 64-wide chunk of D at a time, staged
                     # in shared memory and added into dq's float32 accumulator by a TMA reduce (the row ends clip)
-                    for ch in range(chunks):
-                        k_chunk = shared_view(smem, w * q_elems + ch * box, (1, BQ, CHUNK))
+                    for cc in range(own):
+                        ch = c0 + cc
+                        k_chunk = shared_view(smem, kv_w + ch * box, (1, BQ, CHUNK))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = wgmma(dq, wgmma_desc(ds_operand, q_map, "MN", 0, (0, BQ)),
                                    wgmma_desc(k_chunk, k_map, "MN", 0, (0, BQ)), 0)
@@ -330,8 +346,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
             if lane == 0:
                 kvpipe.consumer_release()
             dkacc = wgmma_map(dkacc, times, scale)
-            wgmma_store_global(dkacc, dk[b, g], n0 + BQ * w, 0)
-            wgmma_store_global(dvacc, dv[b, g], n0 + BQ * w, 0)
+            wgmma_store_global(dkacc, dk[b, g], k0, CHUNK * c0)
+            wgmma_store_global(dvacc, dv[b, g], k0, CHUNK * c0)
         if tw == 0:
             bulk_wait_group(0)  # (dq's last reduces complete before the kernel ends)
 
@@ -355,9 +371,15 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
 
 
 def shared_bytes(d, stages):
-    """Dynamic shared memory of the main kernel: K and V (128 x D each), ``stages`` x (Q, dO) of 64 x D, two dSᵀ
-    tiles of 64 x 64 (16-bit elements)."""
-    return 2 * (2 * BN * d + 2 * stages * BQ * d + 2 * BQ * CHUNK)
+    """Dynamic shared memory of the main kernel: K and V (``keys_per_item(d)`` x D each), ``stages`` x (Q, dO) of
+    64 x D, two dSᵀ tiles of 64 x 64 (16-bit elements)."""
+    return 2 * (2 * keys_per_item(d) * d + 2 * stages * BQ * d + 2 * BQ * CHUNK)
+
+
+def static_shared_bytes(stages):
+    """Static shared memory of the main kernel: the two consumers' dQ tiles (64 x 64 float32 each), the rows'
+    statistics of every stage (2 x 64 float32), the pipelines' barriers (at most 1 KiB)."""
+    return 4 * (2 * BQ * CHUNK + 2 * stages * BQ) + 1024
 
 
 # -- the plans -----------------------------------------------------------------------------------------------------
@@ -450,13 +472,15 @@ class AttentionBackward(Plan):
                                  f"and the head dim must agree.")
         if d not in HEAD_DIMS:
             raise TensorMapError(f"{op}: head dim {d} (q is {lays['q'].shape}); supported: "
-                                 f"{', '.join(map(str, HEAD_DIMS))} (256: not yet - its dK and dV would take 256 "
-                                 f"registers a thread).")
+                                 f"{', '.join(map(str, HEAD_DIMS))}.")
         if hk == 0 or hq % hk:
             raise TensorMapError(f"{op}: q has {hq} heads and k/v {hk}; the query heads must be a multiple of the "
                                  f"key/value heads (grouped-query attention).")
         if sk == 0 and sq > 0:
             raise TensorMapError(f"{op}: k and v have no keys (k is {lays['k'].shape}).")
+        if sq == 0 and sk > 0 and bq * hk > 0:
+            raise TensorMapError(f"{op}: q has no query rows (q is {lays['q'].shape}): dk and dv are then all 0 - "
+                                 f"fill them directly (this plan writes nothing without queries).")
         for name, lay in lays.items():
             if hm[name].strides[3] != lay.dtype.itemsize:
                 raise TensorMapError(f"{op}: {name} is a {lay.name}; its head dim must be contiguous.")
@@ -471,10 +495,14 @@ class AttentionBackward(Plan):
                                  f"exp2(s · scale·log2 e - lse·log2 e), which loses precision to cancellation beyond "
                                  f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
         self.scale = scale
-        self.stages = int_option(op, "stages", 2 if stages is None else stages, 1, 4)
-        if shared_bytes(d, self.stages) > SMEM_LIMIT:
-            raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs {shared_bytes(d, self.stages)} "
-                                 f"bytes of shared memory; a block may use {SMEM_LIMIT}")
+        def fits(n):
+            return shared_bytes(d, n) + static_shared_bytes(n) <= SMEM_LIMIT
+
+        self.stages = int_option(op, "stages", (2 if fits(2) else 1) if stages is None else stages, 1, 4)
+        if not fits(self.stages):
+            raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs "
+                                 f"{shared_bytes(d, self.stages) + static_shared_bytes(self.stages)} bytes of shared "
+                                 f"memory; a block may use {SMEM_LIMIT}")
         self.shape = (bq, hq, hk, sq, sk, d)
         self.layout = layout
         self.dtype = lays["q"].dtype
@@ -500,7 +528,7 @@ class AttentionBackward(Plan):
                           self.dqacc, kind, hq, sq, bq * hq * padded)
         self.post = _Post(self.dqacc, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, np.float32(scale),
                           bq * hq * sq, d // 2)
-        self.items = bq * hk * ceil_div(sk, BN)
+        self.items = bq * hk * ceil_div(sk, keys_per_item(d))
         self.block = 3 * WARPGROUP
         self.shared_mem = shared_bytes(d, self.stages)
         self._grid = None

@@ -14,7 +14,12 @@ Status (2026-11-28): the first GPU run of tests/test_gpu_torch_ops.py failed bef
 requires grad refused its CUDA Array Interface to the plans' argument check); fixed since (the ops detach their
 inputs, the check no longer reads the interface of such a tensor) and not yet run again on a GPU.
 
-The ops take what the kernels take (head dims 64 and 128 for the backward, 64/128/256 forward; |scale| <= 1 for
+* :func:`matmul` ``(a, b)`` (2-D, ``a @ b``) and :func:`linear` ``(x, weight, bias=None)`` (``x @ weightᵀ + bias``,
+  x of any leading shape): :class:`numbatma.kernels.Gemm` forward and backward (op ``numbatma::matmul``, with
+  ``b`` given as (K, N) or, ``transpose_b``, as (N, K): the backward's products are the same op - ``da = dc bᵀ``
+  takes b as it is, ``db = aᵀ dc`` takes a transposed copy of ``a`` (Gemm reads A row-major)).
+
+The ops take what the kernels take (head dims 64/128/256 forward and backward; |scale| <= 1 for
 the backward); anything else is refused with the kernels' messages when the op runs.
 """
 from __future__ import annotations
@@ -23,7 +28,7 @@ import math
 
 import torch
 
-__all__ = ["attention"]
+__all__ = ["attention", "matmul", "linear"]
 
 
 @torch.library.custom_op("numbatma::attention_forward", mutates_args=(), device_types="cuda")
@@ -88,3 +93,57 @@ def attention(q, k, v, causal=False, scale=None):
         scale = 1.0 / math.sqrt(q.shape[-1])
     o, _ = _attention_forward(q, k, v, bool(causal), float(scale))
     return o
+
+
+@torch.library.custom_op("numbatma::matmul", mutates_args=(), device_types="cuda")
+def _matmul(a: torch.Tensor, b: torch.Tensor, transpose_b: bool) -> torch.Tensor:
+    """``a @ b`` (``b`` (K, N)) or, ``transpose_b``, ``a @ bᵀ`` (``b`` (N, K)), by :class:`numbatma.kernels.Gemm`."""
+    from numbatma.kernels import gemm
+
+    a, b = a.detach(), b.detach()
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    if b.stride(-1) != 1:
+        b = b.contiguous()
+    n = b.shape[0] if transpose_b else b.shape[1]
+    c = torch.empty((a.shape[0], n), dtype=a.dtype, device=a.device)
+    gemm(a, b, c, b_layout="nk" if transpose_b else "kn")
+    return c
+
+
+@_matmul.register_fake
+def _matmul_fake(a, b, transpose_b):
+    return a.new_empty((a.shape[0], b.shape[0] if transpose_b else b.shape[1]))
+
+
+def _matmul_setup(ctx, inputs, output):
+    a, b, transpose_b = inputs
+    ctx.save_for_backward(a, b)
+    ctx.transpose_b = transpose_b
+
+
+def _matmul_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    dc = dc.contiguous()
+    # c = a @ B with B = b (K, N) or bᵀ: da = dc Bᵀ; dB = aᵀ dc (a transposed copy: Gemm's A is row-major)
+    da = _matmul(dc, b, not ctx.transpose_b)
+    if ctx.transpose_b:  # b (N, K): db = dcᵀ a
+        db = _matmul(dc.t().contiguous(), a, False)
+    else:  # b (K, N): db = aᵀ dc
+        db = _matmul(a.t().contiguous(), dc, False)
+    return da, db, None
+
+
+_matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
+def matmul(a, b):
+    """``a @ b`` for 2-D bfloat16 / float16 tensors (rows 16-byte aligned: K and N multiples of 8), differentiable."""
+    return _matmul(a, b, False)
+
+
+def linear(x, weight, bias=None):
+    """``x @ weightᵀ + bias`` (``weight`` (N, K), ``x`` (..., K)) as :func:`torch.nn.functional.linear`, the product
+    on :class:`numbatma.kernels.Gemm`, differentiable."""
+    y = _matmul(x.reshape(-1, x.shape[-1]), weight, True).reshape(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias

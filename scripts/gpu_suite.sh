@@ -4,7 +4,9 @@
 #   PARTS="tests examples" bash scripts/gpu_suite.sh     # a subset (tests, examples, bench, host, launch, gemm, attention, probes, sweep,
 #                                                        # pdl, compile, peer (2 GPUs), hostprobe, ctxprobe (2 GPUs),
 #                                                        # sanitize: compute-sanitizer, runs beside the others;
-#                                                        # attnprofile: ncu over scripts/profile_attention.py)
+#                                                        # attnprofile: ncu over scripts/profile_attention.py;
+#                                                        # backward: benchmarks/attention_backward.py;
+#                                                        # train: examples/torch/train_block.py)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
 # Needs the wheels from scripts/fetch_wheels.sh in .whl/ (numpy < 2.5 for numba-cuda 0.30.4; pytest-timeout; compute-sanitizer).
@@ -93,6 +95,14 @@ if [[ $parts == *" examples "* ]]; then
     echo "== $ex" | tee -a "$out/examples.log"
     timeout 300 python3 "$ex" 2>&1 | tee -a "$out/examples.log" || status=1
   done
+fi
+if [[ $parts == *" train "* ]]; then  # numbatma.kernels.torch in a model: examples/torch/train_block.py, loss curves
+  timeout ${TRAIN_TIMEOUT:-400} python3 "$repo/examples/torch/train_block.py" ${TRAIN_ARGS:-} --out "$out/train_block" \
+    2>&1 | tee "$out/train_block.log" || status=1
+fi
+if [[ $parts == *" backward "* ]]; then  # attention backward against cuDNN's and flash's (benchmarks/attention_backward.py)
+  timeout ${BACKWARD_TIMEOUT:-400} python3 "$repo/benchmarks/attention_backward.py" ${BACKWARD_ARGS:-} \
+    --json "$out/attention_backward.json" 2>&1 | tee "$out/attention_backward.log" || status=1
 fi
 if [[ $parts == *" sweep "* ]]; then  # option sweeps used to pick the kernels' defaults (not in the default parts)
   timeout 500 python3 "$repo/benchmarks/sweep_options.py" ${SWEEP_ARGS:-} 2>&1 | grep -v Warn | tee "$out/sweep.log"

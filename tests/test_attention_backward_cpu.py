@@ -48,6 +48,7 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(), dict(scale=2.0), r"\|scale\| must be at most 1 .* got 2.0"),
     (dict(), dict(scale=float("nan")), "scale must be a finite number"),
     (dict(), dict(stages=5), "stages must be an int(?:eger)? in 1..4, got 5"),
+    (dict(d=128), dict(stages=4), "stages=4 with head dim 128 needs .* bytes of shared memory; a block may use"),
     (dict(), dict(causal=1), "causal must be True or False, got 1"),
 ])
 def test_bad_arguments(change, options, message):
@@ -55,9 +56,14 @@ def test_bad_arguments(change, options, message):
         AttentionBackward(*arrays(**change), **options)
 
 
-def test_head_dim_256_and_uneven_groups_are_refused():
-    with pytest.raises(TensorMapError, match="head dim 256 .*supported: 64, 128 .*256: not yet"):
-        AttentionBackward(*arrays(d=256))
+def test_no_queries_is_refused_not_left_unwritten():
+    with pytest.raises(TensorMapError, match="q has no query rows .*dk and dv are then all 0"):
+        AttentionBackward(*arrays(sq=0))
+
+
+def test_other_head_dims_and_uneven_groups_are_refused():
+    with pytest.raises(TensorMapError, match="head dim 96 .*supported: 64, 128, 256"):
+        AttentionBackward(*arrays(d=96))
     with pytest.raises(TensorMapError, match="q has 3 heads and k/v 2"):
         AttentionBackward(*arrays(hq=3, hk=2))
 
@@ -70,3 +76,11 @@ def test_the_kernel_compiles_without_local_memory():
     assert ops.count("HGMMA.64x64x16.F32") == 20  # Sᵀ, dPᵀ: 4 k-steps each; dV, dK: 4 each; dQ: 4
     assert "STL" not in text and "LDL" not in text, "local memory in the backward kernel"
     assert text.count("USETMAXREG") == 2 and "UTMAREDG.4D.ADD" in text and "UTMALDG" in text  # (dQ: TMA reduce-add)
+
+
+def test_head_dim_256_takes_one_stage_by_default():
+    """D = 256: 64 keys an item, K and V 32 KiB each, a Q/dO stage 64 KiB: two stages do not fit beside the static
+    tiles."""
+    assert AttentionBackward(*arrays(d=256)).stages == 1 and AttentionBackward(*arrays(d=128)).stages == 2
+    with pytest.raises(TensorMapError, match="stages=2 with head dim 256 needs"):
+        AttentionBackward(*arrays(d=256), stages=2)

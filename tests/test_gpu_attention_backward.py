@@ -1,6 +1,6 @@
 """GPU tests (marker ``gpu``): numbatma.kernels.AttentionBackward against torch autograd through
 scaled_dot_product_attention in float32, on the same bfloat16 / float16 inputs (fresh random data): dq, dk, dv for
-head dims 64 and 128, causal and not, lengths 1, 17, 1000, 4097, different query and key lengths, grouped-query
+head dims 64, 128 and 256, causal and not, lengths 1, 17, 1000, 4097, different query and key lengths, grouped-query
 heads (dk and dv summed over a group), both layouts, the scale; the outputs NaN-poisoned first, and written through
 views inside larger buffers whose margins must keep their sentinel.
 
@@ -83,7 +83,7 @@ def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", scal
         assert (outside == SENTINEL).all(), f"{name}: written outside its view"
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("b, hq, hk, sq, sk", [(1, 2, 2, 1, 1), (2, 3, 3, 17, 17), (1, 4, 2, 1000, 1000),
                                                (1, 2, 2, 300, 1000), (1, 2, 1, 1000, 300), (1, 1, 1, 4097, 4097)])

@@ -74,3 +74,43 @@ def test_a_block_under_torch_compile_fullgraph_matches_eager():
     assert torch.allclose(loss, eager_loss, rtol=1e-2), (loss, eager_loss)
     for g, e in zip(grads, eager_grads):
         close(g, e.float(), "a parameter's gradient")
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["matmul", "linear"])
+def test_matmul_and_linear_gradients(transpose):
+    """``matmul(a, b)`` and ``linear(x, w, bias)`` (x with two leading axes) against float32 autograd."""
+    torch.manual_seed(transpose)
+    a = torch.randn((3, 100, 256) if transpose else (300, 256), device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    b = torch.randn((512, 256) if transpose else (256, 512), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = ntorch.linear(a, b, bias) if transpose else ntorch.matmul(a, b)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    af, bf, biasf = (x.detach().float().requires_grad_() for x in (a, b, bias))
+    ref = torch.nn.functional.linear(af, bf, biasf) if transpose else af @ bf
+    ref.backward(dout.float())
+    close(out, ref.detach(), "out")
+    close(a.grad, af.grad, "da")
+    close(b.grad, bf.grad, "db")
+    if transpose:
+        close(bias.grad, biasf.grad, "dbias")
+
+
+def test_linear_under_torch_compile_fullgraph():
+    torch.manual_seed(1)
+    x = torch.randn((4, 64, 128), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn((256, 128), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def f(x, w):
+        return torch.relu(ntorch.linear(x, w)).sum()
+
+    eager = f(x, w)
+    eager.backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    compiled = torch.compile(f, fullgraph=True)(x, w)
+    compiled.backward()
+    assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2)
+    close(x.grad, gx.float(), "dx")
+    close(w.grad, gw.float(), "dw")

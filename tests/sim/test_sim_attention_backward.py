@@ -36,6 +36,8 @@ def reference(q, k, v, do, causal, scale):
 CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form)
     (1, 2, 1, 40, 100, 64, True, False),  # GQA (two query heads per K/V head), causal diagonal, ragged ends
     (1, 1, 1, 17, 150, 128, False, True),  # two 64-wide chunks of D, one query block (17 rows), two key items
+    (1, 1, 1, 40, 100, 256, True, False),  # D = 256: 64-key items, each consumer half of the head dim; the keys
+    # past every query (causal) get dK = dV = 0 from an item without query blocks
 ]
 
 
