@@ -1,5 +1,5 @@
 """Attention backward: numbatma.kernels.AttentionBackward against torch SDPA's backward with its cuDNN and flash
-backends, in the same process, bf16, 16 heads, 16k tokens (B = 16384 / S), head dims 64 and 128, causal and not.
+backends, in the same process, bf16, 16 heads, 16k tokens (B = 16384 / S), head dims 64, 128 and 256, causal and not.
 
 Each implementation's gradients are checked against float32 autograd first (relative max error < 2e-2), then
 timed interleaved with the others (benchmarks/gemm.py's Timer: CUDA events, warm-up, median of repeats, L2
@@ -7,7 +7,7 @@ flushed). Only the backward is timed: torch's through ``torch.autograd.grad`` of
 numbatma's through the plan's launch (its three kernels: the row statistics, the main kernel, dq's conversion).
 TFLOP/s = 10 B H S^2 D (the backward's five products; half for causal) / time.
 
-    python benchmarks/attention_backward.py [--dims 64,128] [--seqs 1024,4096,8192] [--reps 15] [--json F]
+    python benchmarks/attention_backward.py [--dims 64,128,256] [--seqs 1024,4096,8192] [--reps 15] [--atomic] [--json F]
 """
 from __future__ import annotations
 
@@ -25,11 +25,13 @@ HEADS = 16
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dims", default="64,128")
+    parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqs", default="1024,4096,8192")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--atomic", action="store_true",
+                        help="also time dq_reduce='atomic' (one red.global.add.f32 per dQ element)")
     args = parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -78,6 +80,13 @@ def main():
                 torch.cuda.synchronize()
                 row["numbatma"] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(grads, ref))}
                 fns.append(("numbatma", plan.launch))
+                if args.atomic:
+                    grads2 = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+                    plan2 = AttentionBackward(q, k, v, o, do, lse, *grads2, causal=causal, dq_reduce="atomic")
+                    plan2.launch()
+                    torch.cuda.synchronize()
+                    row["atomic"] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(grads2, ref))}
+                    fns.append(("atomic", plan2.launch))
                 for (name, _), (ms, spread) in zip(fns, timer.median_ms_interleaved([f for _, f in fns])):
                     r = row[name]
                     r.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, spread=spread)

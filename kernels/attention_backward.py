@@ -16,9 +16,10 @@ Three kernels, launched in order on one stream:
    consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
    ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
    item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
-   dQ (both compute the same ``Sᵀ`` and ``dPᵀ``: 7/5 of the products' work, in the registers of D = 128). The producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the
-   keys (causal: from the diagonal on), of every query head of the group, through a ``stages``-deep
-   :class:`Pipeline`. Per query block a consumer computes, all on wgmma:
+   dQ (both compute the same ``Sᵀ`` and ``dPᵀ``: 7/5 of the products' work, in the registers of D = 128). The
+   producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the keys
+   (causal: from the diagonal on), of every query head of the group, through a ``stages``-deep :class:`Pipeline`.
+   Per query block a consumer computes, all on wgmma:
 
    * ``Sᵀ = K_w Qᵀ`` and ``dPᵀ = V_w dOᵀ`` (64 keys x 64 queries; both operands from shared memory, K-major);
    * ``Pᵀ = exp2(Sᵀ · scale·log2 e - lse·log2 e)`` per column (:func:`wgmma_map`: masked keys and queries 0),
@@ -34,8 +35,8 @@ Three kernels, launched in order on one stream:
    bounds-checked, nothing past the keys).
 3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type.
 
-Not yet here (issue 26): the overlap of one block's products with the next one's softmax, the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's
-"exact" softmax mode).
+Not yet here (issue 26): the overlap of one block's products with the next one's softmax, the deterministic order
+of ``dq``'s additions, |scale| > 1 (the forward's "exact" softmax mode).
 """
 from __future__ import annotations
 
@@ -80,13 +81,14 @@ from ._attention_config import CHUNK, DTYPES, FUSED_MAX_SCALE, LAYOUTS, LOG2E_F3
 from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync
 from ._launch import ceil_div, persistent_grid
-from ._options import bool_option, int_option, scalar_option
+from ._options import bool_option, choice_option, int_option, scalar_option
 from ._plan import Plan, run
 
 __all__ = ["AttentionBackward", "attention_backward"]
 
 BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the head dim)
 HEAD_DIMS = (64, 128, 256)
+DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
 
 
 def keys_per_item(d):
@@ -175,7 +177,7 @@ def backward_item(t, batch, hk, kb):
 
 
 @kernel_factory
-def _backward_kernel(nb_dtype, d, causal, kind, stages):
+def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
@@ -218,6 +220,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
         return x * f
 
     @cuda.jit(device=True, inline="always")
+    def add_dq(x, half, col, ex):
+        """``dq_reduce="atomic"``: x into dq's float32 accumulator at query row ``row0 + 8 half``, column ``c0 + col``
+        (``red.global.add.f32``, one per element)."""
+        dqacc, b, h, row0, c0, sq = ex
+        row = row0 + 8 * half
+        if row < sq:
+            cuda.atomic.add(dqacc, (b, h, row, c0 + col), x)
+        return x
+
+    @cuda.jit(device=True, inline="always")
     def box_at(smem, base, c):
         """Box ``c`` (64 x 64) of the tile at ``base``."""
         return shared_view(smem, base + c * box, (BQ, CHUNK))
@@ -226,8 +238,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
     def producer(args):
         """One elected thread: per item K and V (one stage), then Q and dO of every query block of every query head
         of the group that sees the item's keys."""
-        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
-         group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv, batch,
+         hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
@@ -259,8 +271,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
     @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
-        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
-         group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv, batch,
+         hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
@@ -333,13 +345,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
                                    wgmma_desc(k_chunk, k_map, "MN", 0, (0, BQ)), 0)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        dq_out.acquire(w, tw)  # (the previous reduce has read the tile)
-                        wgmma_store(dq, dq_tile, dq_map, 0, 0)
-                        if dq_out.publish(w, tw):
-                            for j in range(2):
-                                tma_reduce("add", dq_map, (b, h, m0, CHUNK * ch + 32 * j),
-                                           shared_view(dq_stage, (w * 2 + j) * BQ * 32, (BQ, 32)))
-                            bulk_commit_group()
+                        if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
+                            wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, CHUNK * ch, sq))
+                        else:
+                            dq_out.acquire(w, tw)  # (the previous reduce has read the tile)
+                            wgmma_store(dq, dq_tile, dq_map, 0, 0)
+                            if dq_out.publish(w, tw):
+                                for j in range(2):
+                                    tma_reduce("add", dq_map, (b, h, m0, CHUNK * ch + 32 * j),
+                                               shared_view(dq_stage, (w * 2 + j) * BQ * 32, (BQ, 32)))
+                                bulk_commit_group()
                     dvacc, dkacc = wgmma_wait_group(0, (dvacc, dkacc))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
@@ -356,16 +371,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages):
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
-    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk, group, sq, sk,
-                                  c, scale):
+    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv, batch, hk, group, sq,
+                                  sk, c, scale):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
         dq_stage = cuda.shared.array(dq_stage_elems, np.float32, alignment=1024)  # the consumers' dQ tiles
         kvpipe = Pipeline(1, 1, 8)  # K and V of the item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
-        roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dk, dv, batch, hk,
-               group, sq, sk, c, scale))
+        roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv,
+               batch, hk, group, sq, sk, c, scale))
 
     return attention_backward_kernel
 
@@ -437,13 +452,16 @@ def _pairs(lay):
 class AttentionBackward(Plan):
     """A planned attention backward (see the module docstring): ``dq, dk, dv`` from ``q, k, v, o, do, lse``.
     Options: ``causal`` (as the forward), ``scale`` (default ``1 / sqrt(D)``; |scale| <= 1), ``layout``
-    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 2). ``launch(stream)`` runs the three kernels in
+    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 2; 1 at D = 256), ``dq_reduce`` ("tma": dQ tiles staged in
+    shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an element - the first
+    version's way, 1.5-2.3x slower on an H100, kept for the benchmark). ``launch(stream)`` runs the three kernels in
     order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
     writes = ("dq", "dk", "dv")
 
-    def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None):
+    def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
+                 dq_reduce="tma"):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -503,6 +521,7 @@ class AttentionBackward(Plan):
             raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs "
                                  f"{shared_bytes(d, self.stages) + static_shared_bytes(self.stages)} bytes of shared "
                                  f"memory; a block may use {SMEM_LIMIT}")
+        self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
         self.shape = (bq, hq, hk, sq, sk, d)
         self.layout = layout
         self.dtype = lays["q"].dtype
@@ -532,9 +551,11 @@ class AttentionBackward(Plan):
         self.block = 3 * WARPGROUP
         self.shared_mem = shared_bytes(d, self.stages)
         self._grid = None
-        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, self.dk_view,
-                      self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634), np.float32(scale))
-        self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages)
+        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, self.dqacc,
+                      self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634),
+                      np.float32(scale))
+        self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
+                                       self.dq_reduce)
 
     args = property(lambda self: self._args)
 

@@ -50,6 +50,7 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(), dict(stages=5), "stages must be an int(?:eger)? in 1..4, got 5"),
     (dict(d=128), dict(stages=4), "stages=4 with head dim 128 needs .* bytes of shared memory; a block may use"),
     (dict(), dict(causal=1), "causal must be True or False, got 1"),
+    (dict(), dict(dq_reduce="red"), "dq_reduce must be .*'tma'.*'atomic'.*, got 'red'"),
 ])
 def test_bad_arguments(change, options, message):
     with pytest.raises(TensorMapError, match="AttentionBackward: " + message):
@@ -84,3 +85,10 @@ def test_head_dim_256_takes_one_stage_by_default():
     assert AttentionBackward(*arrays(d=256)).stages == 1 and AttentionBackward(*arrays(d=128)).stages == 2
     with pytest.raises(TensorMapError, match="stages=2 with head dim 256 needs"):
         AttentionBackward(*arrays(d=256), stages=2)
+
+
+def test_the_atomic_dq_variant_compiles():
+    """``dq_reduce="atomic"`` (the benchmark's comparison): one red.global.add.f32 per dQ element, no TMA reduce."""
+    plan = AttentionBackward(*arrays(d=64), dq_reduce="atomic")
+    text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
+    assert "REDG.E.ADD.F32" in text and "UTMAREDG" not in text

@@ -46,7 +46,7 @@ def padded(shape, dtype, layout):
     return view, parent
 
 
-def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", scale=None, function=False):
+def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", scale=None, function=False, **options):
     torch.manual_seed(hash((b, hq, hk, sq, sk, d, causal, layout, dtype)) % (1 << 31))
     t = TORCH[dtype]
 
@@ -63,9 +63,10 @@ def run_case(b, hq, hk, sq, sk, d, causal, layout="bhsd", dtype="bfloat16", scal
     grads = [padded((b, h, s, d), t, layout) for h, s in ((hq, sq), (hk, sk), (hk, sk))]
     dq, dk, dv = (g[0] for g in grads)
     if function:
-        attention_backward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, layout=layout, scale=scale)
+        attention_backward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, layout=layout, scale=scale, **options)
     else:
-        AttentionBackward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, layout=layout, scale=scale).launch()
+        AttentionBackward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, layout=layout, scale=scale,
+                          **options).launch()
     torch.cuda.synchronize()
     refs = reference(as_bhsd(q), as_bhsd(k), as_bhsd(v), as_bhsd(do), causal, fwd.scale)
     for name, (view, parent), ref in zip(("dq", "dk", "dv"), grads, refs):
@@ -100,3 +101,10 @@ def test_bshd_float16_and_a_scale(d, causal):
 
 def test_default_scale_is_one_over_sqrt_d():
     run_case(1, 2, 2, 128, 128, 64, False, scale=1 / math.sqrt(64))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_atomic_dq_and_one_stage(d):
+    """The benchmark's comparison variant (one atomic per dQ element) and a single Q/dO stage."""
+    run_case(1, 4, 2, 1000, 700, d, True, dq_reduce="atomic")
+    run_case(1, 2, 2, 500, 900, d, False, stages=1)
