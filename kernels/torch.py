@@ -22,9 +22,7 @@ inputs, the check no longer reads the interface of such a tensor) and not yet ru
 The ops take what the kernels take (head dims 64/128/256 forward and backward; |scale| <= 1 for
 the backward); anything else is refused with the kernels' messages when the op runs.
 """
-from __future__ import annotations
-
-import math
+import math  # (no "from __future__ import annotations": custom_op reads the signature's annotations as types)
 
 import torch
 
