@@ -363,7 +363,12 @@ def _sim_desc(tile, tmap, major, mn, k):
                 or (int(k[1]) - int(k[0])) % kstep or int(k[1]) > layout.k_extent:
             error(f"k=({k[0]}, {k[1]}) must be a range of whole {layout.kind} k-steps of {kstep} inside the operand's "
                   f"K extent {layout.k_extent}")
-        return SimOperandRange([_sim_desc(tile, tmap, major, mn, k0) for k0 in range(int(k[0]), int(k[1]), kstep)])
+        mn = int(mn)
+        if mn < 0 or mn % mn_step or mn >= layout.mn_extent:
+            error(f"mn must be a non-negative multiple of {mn_step} inside the operand's {layout.mn_extent} elements "
+                  f"along M/N, got {mn}")
+        site = sim().caller_site()  # (the tile, its layout and swizzle checked once for every step of the range)
+        return SimOperandRange([SimOperand(tile, layout, mn, k0, site) for k0 in range(int(k[0]), int(k[1]), kstep)])
     mn, k = int(mn), int(k)
     if mn < 0 or mn % mn_step or mn >= layout.mn_extent:
         error(f"mn must be a non-negative multiple of {mn_step} inside the operand's {layout.mn_extent} elements "

@@ -367,12 +367,51 @@ def _serialised_launch(original):
     simulated module, so two launches at once would see each other's blocks). A call from a simulated thread
     (a device function, or a kernel called as one) runs as before."""
     from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+
+    sticky = []  # the module globals this launch swapped for good (ids), restored when it ends
+
+    def keep_swapped(fn):
+        """Upstream swaps a device function's module ``cuda`` global for the simulated module on every call and back
+        after it (a scan of the module's globals each time: 7% of a simulated attention launch); here the first call
+        of a launch swaps it (upstream's own bookkeeping: its lock, reference count and saved originals) and leaves it
+        swapped until the launch ends."""
+        gid = id(fn.__globals__)
+        if kernelapi._swap_refcount.get(gid, 0) > 0:
+            return
+        with kernelapi._locks_register_lock:
+            lock = kernelapi._globals_locks[gid]
+        with lock:
+            if kernelapi._swap_refcount[gid] == 0:
+                from numba import cuda
+
+                orig = {k: v for k, v in fn.__globals__.items() if v is cuda}
+                kernelapi._swap_orig[gid] = orig
+                for k in orig:
+                    fn.__globals__[k] = sim_kernel._get_kernel_context()
+                kernelapi._swap_refcount[gid] += 1
+                sticky.append((gid, fn.__globals__))
+
+    def release_swapped():
+        while sticky:
+            gid, globs = sticky.pop()
+            with kernelapi._globals_locks[gid]:
+                kernelapi._swap_refcount[gid] -= 1
+                if kernelapi._swap_refcount[gid] == 0:
+                    globs.update(kernelapi._swap_orig.pop(gid))
+                    del kernelapi._swap_refcount[gid]
 
     def __call__(self, *args):
         if self._device or isinstance(threading.current_thread(), sim_kernel.BlockThread):
+            if self._device and sim_kernel._get_kernel_context() is not None:
+                keep_swapped(self.fn)
+                return self.fn(*args)
             return original(self, *args)
         with _sim_launch_lock:
-            return original(self, *args)
+            try:
+                return original(self, *args)
+            finally:
+                release_swapped()
 
     __call__._numbatma = True
     return __call__

@@ -194,6 +194,15 @@ def test_simulator_hook_points_exist():
     manager_init = inspect.getsource(kernel.BlockManager.__init__)
     for attr in ("self._f", "self._block_dim", "self._debug"):
         assert attr in manager_init, attr
+    # The device-function calls keep their module swapped for a launch (_sim_hooks._serialised_launch): upstream's
+    # bookkeeping of swapped_cuda_module, used as it does.
+    for name in ("_swap_refcount", "_swap_orig", "_globals_locks", "_locks_register_lock"):
+        assert hasattr(kernelapi, name), name
+    swap = inspect.getsource(kernelapi.swapped_cuda_module)
+    for line in ("_swap_refcount[gid] == 0", "fn_globs.update(_swap_orig.pop(gid))", "del _swap_refcount[gid]"):
+        assert line in swap, line
+    assert "_get_kernel_context" in dir(kernel) and "swapped_cuda_module(self.fn" in inspect.getsource(
+        kernel.FakeCUDAKernel.__call__)
     upstream_run = inspect.getsource(kernel.BlockManager.run)
     for line in ("BlockThread(target, self, grid_point, block_point, self._debug)", "t.syncthreads_event.set()",
                  "t.syncthreads_blocked = False", "raise t.exception[0].with_traceback(t.exception[1])"):
