@@ -114,6 +114,8 @@ class _BlockState:
         self.allocations = {}  # (file, line) -> numpy array (pipeline barrier storage)
         self.warps = {}  # warp -> exchange state of warp-synchronous operations
         self.fills = {}  # 128-byte line -> [_sim_memory._Fill]: shared bytes copies write, until a thread may read them
+        self.fills_version = 0  # bumped by every add_fill (what caches of the fills compare)
+        self.swizzle_cache = {}  # (lo, hi) -> (fills_version, tma.tile_load_swizzles' answer)
         self.unfenced = set()  # threads with shared writes not yet followed by fence.proxy.async
         self.fenced = set()  # threads with fenced shared writes (their fences' epochs: see proxy_fence)
         self.reads = []  # _StoreRead: shared bytes a TMA store still reads, until its group is waited for

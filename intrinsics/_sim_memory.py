@@ -236,6 +236,7 @@ def add_fill(lo, hi, what, completions):
     if state.operand_reads:
         _check_operand_reads(state, lo, hi, what)
     new = _Fill(lo, hi, what, completions)
+    state.fills_version += 1
     _track(1)
     for line in range(lo >> _LINE, ((hi - 1) >> _LINE) + 1):
         bucket = state.fills.get(line)

@@ -513,8 +513,14 @@ def tile_load_swizzles(array):
     readers that interpret the bytes through a swizzle of their own (wgmma descriptors)."""
     s = sim()
     lo, hi = s.bounds(array)
-    with s.lock:
-        return [(f.swizzle, f.what) for f in s.live_fills(lo, hi) if f.swizzle is not None]
+    with s.lock:  # (asked by each of a warpgroup's 128 threads per descriptor: the answer kept until the next fill)
+        state = s.block_state()
+        cached = state.swizzle_cache.get((lo, hi))
+        if cached is not None and cached[0] == state.fills_version:
+            return cached[1]
+        found = [(f.swizzle, f.what) for f in s.live_fills(lo, hi) if f.swizzle is not None]
+        state.swizzle_cache[(lo, hi)] = (state.fills_version, found)
+        return found
 
 
 def sim_store(desc, coords, src_tile, op="tma_store", combine=None):
