@@ -55,6 +55,7 @@ from numbatma.intrinsics import (
     elect_one_sync,
     fast_exp2,
     fence_proxy_async_shared_cta,
+    persistent_item,
     pack_bf16x2,
     pack_f16x2,
     register_budget,
@@ -244,7 +245,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
                 for r in range(rounds):
-                    t = r * cuda.gridDim.x + cuda.blockIdx.x
+                    t = persistent_item(r, False)
                     if t >= items:
                         break
                     b, g, n0 = backward_item(t, batch, hk, kb)
@@ -285,7 +286,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
         ds_operand = shared_view(smem, ds_base + w * box, (1, BQ, CHUNK))
         dq_tile = shared_view(dq_stage, w * dq_elems, (2, BQ, 32))
         for r in range(rounds):
-            t = r * cuda.gridDim.x + cuda.blockIdx.x
+            t = persistent_item(r, False)
             if t >= items:
                 break
             b, g, n0 = backward_item(t, batch, hk, kb)
@@ -502,6 +503,12 @@ class AttentionBackward(Plan):
         for name, lay in lays.items():
             if hm[name].strides[3] != lay.dtype.itemsize:
                 raise TensorMapError(f"{op}: {name} is a {lay.name}; its head dim must be contiguous.")
+        for name in ("o", "do", "dq"):  # (read / written as pairs of elements, 4-byte words, by the row kernels)
+            lay = hm[name]
+            if lay.ptr % 4 or any(st % 4 for st in lay.strides[:3]):
+                raise TensorMapError(f"{op}: {name} is a {lay.name} starting at byte {lay.ptr % 16} of a 16-byte "
+                                     f"unit with byte strides {lay.strides}: its rows must start on 4-byte "
+                                     f"boundaries (the row kernels move pairs of elements)")
         ll = array_layout(lse)
         if ll.shape != (bq, hq, sq) or ll.dtype != np.float32:
             raise TensorMapError(f"{op}: lse is a {ll.name}; it must be the forward's float32 log-sum-exp, shape "

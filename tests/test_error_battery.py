@@ -243,6 +243,16 @@ HOST = {
                                              TensorMapError, "got lazy_rescale=False as well"),
     "Attention poly_exp2 0.3": (lambda: K.Attention(*_attention_arrays(), poly_exp2=0.3), TensorMapError,
                                 "must be one of 0, 1/8, 2/8, ... 1, got 0.3"),
+    "AttentionBackward scale 2": (lambda: K.AttentionBackward(*_backward_arrays(), scale=2.0), TensorMapError,
+                                  "|scale| must be at most 1"),
+    "AttentionBackward dq_reduce": (lambda: K.AttentionBackward(*_backward_arrays(), dq_reduce="red"),
+                                    TensorMapError, "dq_reduce must be"),
+    "AttentionBackward head dim 96": (lambda: K.AttentionBackward(*_backward_arrays(d=96)), TensorMapError,
+                                      "head dim 96"),
+    "AttentionBackward dq off 4 bytes": (lambda: K.AttentionBackward(*_backward_arrays(dq_shift=2)),
+                                         TensorMapError, "its rows must start on 4-byte boundaries"),
+    "AttentionBackward lse float16": (lambda: K.AttentionBackward(*_backward_arrays(lse=np.float16)),
+                                      TensorMapError, "it must be the forward's float32 log-sum-exp"),
     "wait_release lag 8": (lambda: numbatma.intrinsics.wait_release(8), ValueError, "lag must be an int in 0..7"),
     "persistent_grid sms 0": (lambda: numbatma.intrinsics.persistent_grid(10, 0), ValueError,
                               "sms must be an int >= 1, got 0"),
@@ -256,6 +266,25 @@ def _attention_arrays():
     """q, k, v, o and lse of a small float16 attention problem (1 x 2 heads x 100 x 64), apart in memory."""
     return tuple(F((1, 2, 100, 64), np.float16, ptr=(i + 1) * OTHER) for i in range(4)) + (
         F((1, 2, 100), np.float32, ptr=5 * OTHER),)
+
+
+def _backward_arrays(d=64, dq_shift=0, lse=np.float32):
+    """q, k, v, o, do, lse, dq, dk, dv of a small float16 backward problem (1 x 2 heads x 100 x d), apart in memory
+    (``dq_shift``: dq's first byte that far past a 16-byte boundary)."""
+    arrays = [F((1, 2, 100, d), np.float16, ptr=(i + 1) * OTHER) for i in range(5)]
+    arrays.append(F((1, 2, 100), lse, ptr=6 * OTHER))
+    arrays += [F((1, 2, 100, d), np.float16, ptr=(i + 7) * OTHER + (dq_shift if i == 0 else 0)) for i in range(3)]
+    return arrays
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu_scratch(monkeypatch):
+    """AttentionBackward's float32 work arrays as stand-ins (no GPU here)."""
+    import importlib
+
+    ptrs = iter(range(50, 60))
+    monkeypatch.setattr(importlib.import_module("numbatma.kernels.attention_backward"), "_scratch",
+                        lambda q, shape: F(shape, np.float32, ptr=1 << next(ptrs)))
 
 
 @pytest.mark.parametrize("case", list(HOST), ids=list(HOST))
