@@ -91,6 +91,19 @@ if not SIMULATING:
         impl = context.get_function(fn, sig)
         return context.cast(builder, impl(builder, args), sig.return_type, types.float32)
 
+    def _map_registers(context, builder, fn, sig_fn, count, accs, extra):
+        """wgmma_map's and wgmma_map2's loop: register ``i`` of a new accumulator (the first's type) is
+        ``fn(accs[0][i], ..., half, col, extra)``, the column from ``%laneid``."""
+        lane = _LANE.emit(builder)
+        base = builder.shl(builder.and_(lane, ir.Constant(I32, 3)), ir.Constant(I32, 1))  # 2 q
+        out = accs[0]
+        for i in range(count):
+            col = builder.add(base, ir.Constant(I32, 8 * (i // 4) + i % 2))
+            values = tuple(builder.extract_value(x, i) for x in accs)
+            value = _call(context, builder, fn, sig_fn, values + (ir.Constant(I32, _half(i)), col, extra))
+            out = builder.insert_value(out, value, i)
+        return out
+
 
 @device_op(simulate=lambda acc, fn, extra: _sim_map(acc, fn, extra))
 def wgmma_map(typingctx, acc, fn, extra):
@@ -104,15 +117,7 @@ def wgmma_map(typingctx, acc, fn, extra):
                       "taking (value, half, col, extra)")
 
     def codegen(context, builder, sig, args):
-        lane = _LANE.emit(builder)
-        base = builder.shl(builder.and_(lane, ir.Constant(I32, 3)), ir.Constant(I32, 1))  # 2 q
-        out = args[0]
-        for i in range(acc.count):
-            col = builder.add(base, ir.Constant(I32, 8 * (i // 4) + i % 2))
-            value = _call(context, builder, fn, sig_fn,
-                          (builder.extract_value(args[0], i), ir.Constant(I32, _half(i)), col, args[2]))
-            out = builder.insert_value(out, value, i)
-        return out
+        return _map_registers(context, builder, fn, sig_fn, acc.count, args[:1], args[2])
 
     return acc(acc, fn, extra), codegen
 
@@ -131,15 +136,7 @@ def wgmma_map2(typingctx, a, b, fn, extra):
                       "taking (a, b, half, col, extra)")
 
     def codegen(context, builder, sig, args):
-        lane = _LANE.emit(builder)
-        base = builder.shl(builder.and_(lane, ir.Constant(I32, 3)), ir.Constant(I32, 1))  # 2 q
-        out = args[0]
-        for i in range(a.count):
-            col = builder.add(base, ir.Constant(I32, 8 * (i // 4) + i % 2))
-            value = _call(context, builder, fn, sig_fn, (builder.extract_value(args[0], i),
-                          builder.extract_value(args[1], i), ir.Constant(I32, _half(i)), col, args[3]))
-            out = builder.insert_value(out, value, i)
-        return out
+        return _map_registers(context, builder, fn, sig_fn, a.count, args[:2], args[3])
 
     return a(a, b, fn, extra), codegen
 
@@ -196,11 +193,7 @@ def _sim_device_function(op, fn):
 def _sim_map(acc, fn, extra):
     _sim_device_function("wgmma_map", fn)
     _sim_accumulator("wgmma_map", acc)
-    thread = sim().thread_index() % 128
-    values = acc.values.copy()
-    for i in range(values.size):
-        values[i] = np.float32(fn(np.float32(acc.values[i]), _half(i), wgmma_row_col(i, thread)[1], extra))
-    return acc.copy(values=values, fenced=False)
+    return _sim_map_registers(fn, (acc,), extra)
 
 
 def _sim_map2(a, b, fn, extra):
@@ -210,12 +203,17 @@ def _sim_map2(a, b, fn, extra):
     if a.values.shape != b.values.shape:
         raise sim().SimulatedMisuse(f"wgmma_map2: a and b must be accumulators of one shape, got m64n{a.n} and "
                                     f"m64n{b.n}")
+    return _sim_map_registers(fn, (a, b), extra)
+
+
+def _sim_map_registers(fn, accs, extra):
+    """The simulator's side of :func:`_map_registers`: ``fn`` on this thread's registers, float32 results."""
     thread = sim().thread_index() % 128
-    values = a.values.copy()
+    values = accs[0].values.copy()
     for i in range(values.size):
-        values[i] = np.float32(fn(np.float32(a.values[i]), np.float32(b.values[i]), _half(i),
-                                  wgmma_row_col(i, thread)[1], extra))
-    return a.copy(values=values, fenced=False)
+        values[i] = np.float32(fn(*(np.float32(x.values[i]) for x in accs), _half(i), wgmma_row_col(i, thread)[1],
+                                  extra))
+    return accs[0].copy(values=values, fenced=False)
 
 
 def _sim_row_reduce(acc, fn, init):
