@@ -4,8 +4,9 @@
 
 Arrays as :class:`numbatma.kernels.Attention` takes them: ``q``, ``o``, ``do``, ``dq`` (B, Hq, Sq, D), ``k``, ``v``,
 ``dk``, ``dv`` (B, Hkv, Sk, D) with ``layout="bhsd"`` (or (B, S, H, D) with ``layout="bshd"``; any strides TMA can
-describe, the head dim contiguous), bfloat16 or float16 (all the same), D = 64, 128 or 256, ``Hq`` a multiple of ``Hkv``
-(grouped-query attention: ``dk`` and ``dv`` of a key/value head sum over its query heads), any Sq, Sk >= 1;
+describe, the head dim contiguous; o, do and dq with rows on 4-byte boundaries), bfloat16 or float16 (all the
+same), D = 64, 128 or 256, ``Hq`` a multiple of ``Hkv`` (grouped-query attention: ``dk`` and ``dv`` of a key/value
+head sum over its query heads), any Sq, Sk >= 1;
 ``lse`` (B, Hq, Sq) float32 as the forward wrote it (natural log). ``causal``: top-left alignment, as the forward.
 
 Three kernels, launched in order on one stream:

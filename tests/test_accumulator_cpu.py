@@ -5,7 +5,7 @@ import pytest
 from numba import cuda, types
 
 from numbatma import compile as nbc
-from numbatma.intrinsics import wgmma_map, wgmma_row_reduce, wgmma_store_global, wgmma_zeros, wgmma_zeros_f16
+from numbatma.intrinsics import wgmma_map, wgmma_map2, wgmma_row_reduce, wgmma_store_global, wgmma_zeros, wgmma_zeros_f16
 
 import accumulator_kernels as K
 
@@ -70,3 +70,40 @@ def test_float16_accumulators_and_bad_init_refused():
         out[0, 0] = a
 
     assert "wgmma_row_reduce: init must be a number" in _typing_error(bad_init)
+
+
+@cuda.jit(device=True, inline="always")
+def _weighted_difference(a, b, half, col, ex):
+    return (a - b) * ex + col
+
+
+def _map2_kernel(x, y, out):
+    """out = (x - y) * 0.5 + column, through two accumulators (wgmma_map2) of one warpgroup."""
+    t = cuda.threadIdx.x
+    row0 = 16 * (t // 32) + (t % 32) // 4
+    a = wgmma_map(wgmma_zeros(64), K.from_array, (x, row0))
+    b = wgmma_map(wgmma_zeros(64), K.from_array, (y, row0))
+    wgmma_store_global(wgmma_map2(a, b, _weighted_difference, 0.5), out, 0, 0)
+
+
+MAP2_SIG = (types.float32[:, ::1], types.float32[:, ::1], types.float32[:, ::1])
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_120a"])
+def test_map2_compiles_everywhere_inlined_in_registers(arch):
+    ptx = nbc.compile_ptx(_map2_kernel, MAP2_SIG, arch=arch)
+    assert "call" not in ptx.replace("call.uni", "")
+    sass = nbc.sass(nbc.link_cubin(ptx, arch=arch))
+    assert "STL" not in sass and "LDL" not in sass
+
+
+def test_map2_refuses_accumulators_of_two_shapes():
+    @cuda.jit(device=True, inline="always")
+    def diff(a, b, half, col, ex):
+        return a - b
+
+    def kernel(x):
+        c = wgmma_map2(wgmma_zeros(64), wgmma_zeros(128), diff, 0)
+        x[0, 0] = c[0]
+
+    assert "wgmma_map2: a and b must be accumulators of one shape" in _typing_error(kernel)
