@@ -6,6 +6,7 @@
 #                                                        # sanitize: compute-sanitizer, runs beside the others;
 #                                                        # attnprofile: ncu over scripts/profile_attention.py;
 #                                                        # backward: benchmarks/attention_backward.py;
+#                                                        # bwdprofile: ncu over scripts/profile_attention_backward.py;
 #                                                        # train: examples/torch/train_block.py)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
@@ -111,6 +112,11 @@ if [[ $parts == *" attnprofile "* ]]; then  # where attention's time goes: numba
   timeout ${ATTN_PROFILE_TIMEOUT:-240} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
     --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section Occupancy \
     python3 "$repo/scripts/profile_attention.py" ${ATTN_PROFILE_ARGS:-} 2>&1 | tee "$out/attention_profile.log"
+fi
+if [[ $parts == *" bwdprofile "* ]]; then  # where attention backward's time goes: numbatma vs cuDNN under ncu
+  timeout ${BWD_PROFILE_TIMEOUT:-240} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section MemoryWorkloadAnalysis \
+    python3 "$repo/scripts/profile_attention_backward.py" ${BWD_PROFILE_ARGS:-} 2>&1 | tee "$out/attention_backward_profile.log"
 fi
 if [[ $parts == *" profile "* ]]; then  # hardware counters of the bandwidth kernels (ncu, not in the default parts)
   m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum
