@@ -436,6 +436,14 @@ def _scratch(q, shape):
     return cuda.device_array(shape, np.float32)
 
 
+def _numba_scratch(x):
+    """A work array of :func:`_scratch` as a kernel argument: torch's tensor as a C-contiguous numba array over the
+    same memory (no stream synchronization when launched; C layout: plain indexing, ``red`` atomics)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        return cuda.from_cuda_array_interface(x.__cuda_array_interface__, owner=x, sync=False)
+    return x
+
+
 def _heads_major(lay, layout):
     """(batch, heads, seq, head_dim) view of a "bhsd" or "bshd" array (its layout)."""
     if layout == "bhsd":
@@ -551,15 +559,18 @@ class AttentionBackward(Plan):
         self.dqacc = _scratch(q, (bq, hq, sq, d))
         self.stats_map = TensorMap(self.stats, (1, 1, 2, BQ))
         self.dq_map = TensorMap(self.dqacc, (1, 1, BQ, 32), swizzle=Swizzle.B128)  # (reduce-adds of dQ tiles)
-        self.prep = _Prep(kernel_view(_pairs(hm["o"]), o), kernel_view(_pairs(hm["do"]), do), lse, self.stats,
-                          self.dqacc, kind, hq, sq, bq * hq * padded)
-        self.post = _Post(self.dqacc, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, np.float32(scale),
+        # (numba arrays over torch's tensors: a tensor handed to the launch itself goes through DLPack, which
+        # synchronizes with torch's stream - refused while a CUDA graph is being captured)
+        stats_view, dqacc_view = _numba_scratch(self.stats), _numba_scratch(self.dqacc)
+        self.prep = _Prep(kernel_view(_pairs(hm["o"]), o), kernel_view(_pairs(hm["do"]), do),
+                          kernel_view(ll, lse), stats_view, dqacc_view, kind, hq, sq, bq * hq * padded)
+        self.post = _Post(dqacc_view, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, np.float32(scale),
                           bq * hq * sq, d // 2)
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
         self.block = 3 * WARPGROUP
         self.shared_mem = shared_bytes(d, self.stages)
         self._grid = None
-        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, self.dqacc,
+        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
                       self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634),
                       np.float32(scale))
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,

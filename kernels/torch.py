@@ -99,14 +99,23 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, transpose_b: bool) -> torch.Tensor
     from numbatma.kernels import gemm
 
     a, b = a.detach(), b.detach()
-    if a.stride(-1) != 1:
-        a = a.contiguous()
-    if b.stride(-1) != 1:
-        b = b.contiguous()
+    m, k = a.shape
     n = b.shape[0] if transpose_b else b.shape[1]
-    c = torch.empty((a.shape[0], n), dtype=a.dtype, device=a.device)
+    # TMA needs rows on 16-byte boundaries: K or N that is not a multiple of 8 (16-bit elements) is zero-padded
+    # here (copies of a / b, the product written to a wider c and sliced) - exact, at the cost of the copies
+    kp, np_ = -k % 8, -n % 8
+    if kp:
+        a = torch.nn.functional.pad(a, (0, kp))
+        b = torch.nn.functional.pad(b, (0, kp) if transpose_b else (0, 0, 0, kp))
+    if np_:
+        b = torch.nn.functional.pad(b, (0, 0, 0, np_) if transpose_b else (0, np_))
+    if a.stride(-1) != 1 or a.stride(0) % 8:
+        a = a.contiguous()
+    if b.stride(-1) != 1 or b.stride(0) % 8:
+        b = b.contiguous()
+    c = torch.empty((m, n + np_), dtype=a.dtype, device=a.device)
     gemm(a, b, c, b_layout="nk" if transpose_b else "kn")
-    return c
+    return c[:, :n] if np_ else c
 
 
 @_matmul.register_fake
@@ -136,7 +145,8 @@ _matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
 def matmul(a, b):
-    """``a @ b`` for 2-D bfloat16 / float16 tensors (rows 16-byte aligned: K and N multiples of 8), differentiable."""
+    """``a @ b`` for 2-D bfloat16 / float16 tensors, differentiable (K or N not a multiple of 8: the op pads copies
+    of the operands with zeros, since TMA needs 16-byte rows)."""
     return _matmul(a, b, False)
 
 
