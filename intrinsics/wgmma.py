@@ -472,7 +472,9 @@ def wgmma_commit_group(typingctx):
 def wgmma_wait_group(typingctx, n, acc):
     """``wgmma.wait_group.sync.aligned N;`` with ``acc`` tied through (returned): waits until at most ``N``
     (a constant 0..7) of this warpgroup's committed groups are pending. Read accumulators only from the
-    value returned by the wait that covers the wgmma that wrote them."""
+    value returned by the wait that covers the wgmma that wrote them. ``acc`` may also hold register A fragments
+    (as :func:`wgmma_fence` takes them): tied through the wait, their registers stay untouched until the wgmma
+    reading them has completed."""
     value = require_literal_int("wgmma_wait_group", "N", n, 0, 7)
     reg, count = _accumulator_group("wgmma_wait_group", acc)
     ptx = wait_ptx(reg, count)
@@ -760,6 +762,8 @@ def _sim_wait(n, acc):
 
 
 def _completed(acc, done):
+    if isinstance(acc, SimFragment) or isinstance(acc, (int, np.integer)):  # (a register A fragment: kept live)
+        return acc
     if isinstance(acc, tuple):
         return tuple(_completed(a, done) for a in acc)
     if acc.group is not None and acc.group < done:

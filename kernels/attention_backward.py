@@ -57,6 +57,7 @@ from numbatma.intrinsics import (
     fast_exp2,
     fence_proxy_async_shared_cta,
     persistent_item,
+    named_barrier_sync,
     pack_bf16x2,
     pack_f16x2,
     register_budget,
@@ -88,6 +89,8 @@ from ._plan import Plan, run
 
 __all__ = ["AttentionBackward", "attention_backward"]
 
+DS_BARRIER = 8  # named barrier of the two consumers (dSᵀ's halves written)
+CONSUMER_PAIR = 256  # (its threads: two warpgroups)
 BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the head dim)
 HEAD_DIMS = (64, 128, 256)
 DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
@@ -178,11 +181,23 @@ def backward_item(t, batch, hk, kb):
     return bh // hk, bh % hk, (t // (batch * hk)) * kb
 
 
+def dq_split(d):
+    """How the two consumers share ``dQ = dS K`` of a query block (64 x D): "cols" (D = 128: consumer ``w`` the
+    columns ``64 w ..`` over all 128 keys of the item - both dSᵀ halves: one float32 tile per query block and item
+    reaches the accumulator), "keys" (D = 64: consumer ``w`` all 64 columns over its own 64 keys, both adding theirs
+    - a 32-wide column half would cut the 128-byte swizzle of K's tile, and taking turns puts a branch around wgmma,
+    which ptxas answers by waiting after every wgmma of the kernel), "halves" (D = 256: consumer ``w`` the columns
+    ``128 w ..`` over the item's 64 keys, in two 64-wide chunks)."""
+    return {64: "keys", 128: "cols"}.get(d, "halves")
+
+
 @kernel_factory
-def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
+def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
+    own_keys = dq_split(d) == "keys"
+    dq_chunks = 2 if halves else 1  # 64-wide chunks of dQ a consumer computes per query block (in its turn)
     kb = keys_per_item(d)
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
@@ -191,11 +206,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
     kv_elems = kb * d  # K (or V) of an item: 64-row tiles of ``chunks`` boxes (consumer w's at w q_elems)
     v_base = kv_elems
     q_base = 2 * kv_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
-    ds_base = q_base + 2 * stages * q_elems  # consumer w's dSᵀ tile (64 x 64) at ds_base + w BQ CHUNK
-    dq_elems = BQ * CHUNK  # a consumer's dQ staging tile: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
-    dq_out = store_buffers(1)  # (written by the warpgroup, TMA-reduced into dq's accumulator by its first thread)
+    ds_base = q_base + 2 * stages * q_elems  # dSᵀ of a query block: buffer u (by step parity), keys 64 j.. (D = 256:
+    # consumer j's copy) at ds_base + (2 u + j) box
+    dq_elems = BQ * CHUNK  # a staged dQ chunk: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
+    dq_out = store_buffers(dq_buffers)  # (written by the warpgroup, TMA-reduced into dq's accumulator by its thread 0)
     stats_elems = 2 * stages * BQ  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
-    dq_stage_elems = 2 * BQ * CHUNK  # (static: the two consumers' dQ tiles)
+    dq_stage_elems = 2 * dq_buffers * dq_elems  # (static: each consumer's rotating dQ chunks)
 
     @cuda.jit(device=True, inline="always")
     def weights(s, half, col, ex):
@@ -235,6 +251,46 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
     def box_at(smem, base, c):
         """Box ``c`` (64 x 64) of the tile at ``base``."""
         return shared_view(smem, base + c * box, (BQ, CHUNK))
+
+    @cuda.jit(device=True, inline="always")
+    def dq_product(smem, dq, u, w, cc, ds_map, k_map):
+        """dQ's chunk ``cc`` of consumer ``w`` from the dSᵀ buffer ``u`` (issued, not committed): over both 64-key
+        halves (two products of K = 64: the halves' K tiles are not adjacent), or at D = 256 over the item's 64 keys
+        (the consumer's own dSᵀ copy) for columns ``64 (2 w + cc) ..``."""
+        if halves:
+            ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
+            k_op = shared_view(smem, (2 * w + cc) * box, (1, BQ, CHUNK))
+            return wgmma(dq, wgmma_desc(ds_op, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
+                         0)
+        if own_keys:
+            ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
+            k_op = shared_view(smem, w * q_elems, (1, BQ, CHUNK))
+            return wgmma(dq, wgmma_desc(ds_op, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
+                         0)
+        ch = w
+        ds_lo = shared_view(smem, ds_base + 2 * u * box, (1, BQ, CHUNK))
+        ds_hi = shared_view(smem, ds_base + (2 * u + 1) * box, (1, BQ, CHUNK))
+        k_lo = shared_view(smem, ch * box, (1, BQ, CHUNK))
+        k_hi = shared_view(smem, q_elems + ch * box, (1, BQ, CHUNK))
+        dq = wgmma(dq, wgmma_desc(ds_lo, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_lo, k_map, "MN", 0, (0, BQ)), 0)
+        return wgmma(dq, wgmma_desc(ds_hi, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_hi, k_map, "MN", 0, (0, BQ)), 1)
+
+    @cuda.jit(device=True, inline="always")
+    def add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, col0):
+        """Add the 64 x 64 chunk ``dq`` (query rows ``m0 ..``, columns ``col0 ..``) into dq's float32 accumulator:
+        staged in the consumer's next rotating buffer and TMA reduce-added by its thread 0 (or, atomic, one
+        ``red.global.add.f32`` an element); returns the chunks staged so far."""
+        if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
+            wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
+            return nd
+        at = (w * dq_buffers + nd % dq_buffers) * dq_elems
+        dq_out.acquire(w, tw)  # (the reduce that last read this buffer has read it)
+        wgmma_store(dq, shared_view(dq_stage, at, (2, BQ, 32)), dq_map, 0, 0)
+        if dq_out.publish(w, tw):
+            for j in range(2):
+                tma_reduce("add", dq_map, (b, h, m0, col0 + 32 * j), shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
+            bulk_commit_group()
+        return nd + 1
 
     @cuda.jit(device=True, inline="always")
     def producer(args):
@@ -283,9 +339,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
         k_w = shared_view(smem, kv_w, (chunks, BQ, CHUNK))
         v_w = shared_view(smem, v_base + kv_w, (chunks, BQ, CHUNK))
         c0 = own * w if halves else 0  # its first chunk of dK, dV and dQ
-        ds_tile = shared_view(smem, ds_base + w * box, (BQ, CHUNK))
-        ds_operand = shared_view(smem, ds_base + w * box, (1, BQ, CHUNK))
-        dq_tile = shared_view(dq_stage, w * dq_elems, (2, BQ, 32))
+        dq_col0 = CHUNK * c0 if halves else (0 if own_keys else CHUNK * w)  # its first column of dQ
+        step = 0  # query blocks so far (the dSᵀ buffer)
+        nd = 0  # dQ chunks staged so far (the rotating staging buffer)
         for r in range(rounds):
             t = persistent_item(r, False)
             if t >= items:
@@ -322,42 +378,40 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
                         p = wgmma_map(st, weights, (c, lse2))
                     dpt = wgmma_wait_group(0, dpt)
                     dst = wgmma_map2(p, dpt, softmax_grad, shared_view(stats, (2 * s + 1) * BQ, (BQ,)))
-                    # dSᵀ into shared memory now (read back for dQ below), so that only P's and dS's 16-bit
-                    # fragments stay in registers beside dK and dV
-                    warpgroup_sync(w)  # (every warp's last dQ product has read the tile)
-                    wgmma_store(dst, ds_tile, q_map, 0, 0)
+                    # dSᵀ into shared memory (dQ's A operand, read MN-major), then only P's and dS's 16-bit fragments
+                    # stay in registers beside dK and dV. Two buffers by step parity: a consumer at this step's
+                    # barrier knows the other finished the step before (its dQ product included)
+                    u = step % 2
+                    wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * box, (BQ, CHUNK)), q_map, 0, 0)
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
                     fence_proxy_async_shared_cta()
-                    warpgroup_sync(w)
-                    # dV += Pᵀ dO, dK += dSᵀ Q (the queries as K; dO and Q MN-major)
+                    if halves:
+                        warpgroup_sync(w)  # (its own copy of dSᵀ: both consumers computed the same one)
+                    else:
+                        named_barrier_sync(DS_BARRIER, CONSUMER_PAIR)  # (both 64-key halves of dSᵀ written)
+                    step += 1
+                    # dQ = dS K (first, its staging overlaps dV and dK), dV += Pᵀ dO, dK += dSᵀ Q (the queries as
+                    # K; dO and Q MN-major from the stage; Pᵀ and dSᵀ from registers)
                     dvacc, dkacc, pf, dsf = wgmma_fence((dvacc, dkacc, pf, dsf))
+                    dq = wgmma_fence(wgmma_zeros(CHUNK))
+                    dq = dq_product(smem, dq, u, w, 0, q_map, k_map)
+                    wgmma_commit_group()
                     do_own = shared_view(smem, q_base + (2 * s + 1) * q_elems + c0 * box, (own, BQ, CHUNK))
                     q_own = shared_view(smem, q_base + 2 * s * q_elems + c0 * box, (own, BQ, CHUNK))
                     dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
-                    # dQ_w = dS K_w: the dSᵀ tile read back MN-major as A, a 64-wide chunk of D at a time, staged
-                    # in shared memory and added into dq's float32 accumulator by a TMA reduce (the row ends clip)
-                    for cc in range(own):
-                        ch = c0 + cc
-                        k_chunk = shared_view(smem, kv_w + ch * box, (1, BQ, CHUNK))
+                    dq = wgmma_wait_group(1, dq)
+                    nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0)
+                    for cc in range(1, dq_chunks):  # (D = 256: the second 64-wide chunk)
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
-                        dq = wgmma(dq, wgmma_desc(ds_operand, q_map, "MN", 0, (0, BQ)),
-                                   wgmma_desc(k_chunk, k_map, "MN", 0, (0, BQ)), 0)
+                        dq = dq_product(smem, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
-                            wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, CHUNK * ch, sq))
-                        else:
-                            dq_out.acquire(w, tw)  # (the previous reduce has read the tile)
-                            wgmma_store(dq, dq_tile, dq_map, 0, 0)
-                            if dq_out.publish(w, tw):
-                                for j in range(2):
-                                    tma_reduce("add", dq_map, (b, h, m0, CHUNK * ch + 32 * j),
-                                               shared_view(dq_stage, (w * 2 + j) * BQ * 32, (BQ, 32)))
-                                bulk_commit_group()
-                    dvacc, dkacc = wgmma_wait_group(0, (dvacc, dkacc))
+                        nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
+                                          dq_col0 + CHUNK * cc)
+                    dvacc, dkacc, pf, dsf = wgmma_wait_group(0, (dvacc, dkacc, pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
             if lane == 0:
@@ -389,14 +443,14 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma"):
 
 def shared_bytes(d, stages):
     """Dynamic shared memory of the main kernel: K and V (``keys_per_item(d)`` x D each), ``stages`` x (Q, dO) of
-    64 x D, two dSᵀ tiles of 64 x 64 (16-bit elements)."""
-    return 2 * (2 * keys_per_item(d) * d + 2 * stages * BQ * d + 2 * BQ * CHUNK)
+    64 x D, two buffers of two dSᵀ tiles of 64 x 64 (16-bit elements)."""
+    return 2 * (2 * keys_per_item(d) * d + 2 * stages * BQ * d + 4 * BQ * CHUNK)
 
 
-def static_shared_bytes(stages):
-    """Static shared memory of the main kernel: the two consumers' dQ tiles (64 x 64 float32 each), the rows'
-    statistics of every stage (2 x 64 float32), the pipelines' barriers (at most 1 KiB)."""
-    return 4 * (2 * BQ * CHUNK + 2 * stages * BQ) + 1024
+def static_shared_bytes(stages, dq_buffers=2):
+    """Static shared memory of the main kernel: ``dq_buffers`` staged dQ chunks (64 x 64 float32) per consumer, the
+    rows' statistics of every stage (2 x 64 float32), the pipelines' barriers (at most 1 KiB)."""
+    return 4 * (2 * dq_buffers * BQ * CHUNK + 2 * stages * BQ) + 1024
 
 
 # -- the plans -----------------------------------------------------------------------------------------------------
@@ -529,13 +583,13 @@ class AttentionBackward(Plan):
                                  f"exp2(s · scale·log2 e - lse·log2 e), which loses precision to cancellation beyond "
                                  f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
         self.scale = scale
-        def fits(n):
-            return shared_bytes(d, n) + static_shared_bytes(n) <= SMEM_LIMIT
+        def fits(n, buffers=1):
+            return shared_bytes(d, n) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
 
         self.stages = int_option(op, "stages", (2 if fits(2) else 1) if stages is None else stages, 1, 4)
         if not fits(self.stages):
             raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs "
-                                 f"{shared_bytes(d, self.stages) + static_shared_bytes(self.stages)} bytes of shared "
+                                 f"{shared_bytes(d, self.stages) + static_shared_bytes(self.stages, 1)} bytes of shared "
                                  f"memory; a block may use {SMEM_LIMIT}")
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
         self.shape = (bq, hq, hk, sq, sk, d)
@@ -573,8 +627,9 @@ class AttentionBackward(Plan):
         self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
                       self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634),
                       np.float32(scale))
+        self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
-                                       self.dq_reduce)
+                                       self.dq_reduce, self.dq_buffers)
 
     args = property(lambda self: self._args)
 
