@@ -44,7 +44,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32, uint32, uint64
+from numba.cuda import libdevice
 
 from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
 from numbatma.intrinsics import (
@@ -106,36 +107,57 @@ PREP_WARPS = 4  # warps (rows) per block of the preprocess kernel
 
 
 # -- preprocess and postprocess ------------------------------------------------------------------------------------
+@cuda.jit(device=True, inline="always")
+def _load_words(u, wide):
+    """(lo, hi) 32-bit words of a 64-bit load (``wide``), or the word itself and 0."""
+    return (uint32(u & 0xFFFFFFFF), uint32(u >> 32)) if wide else (uint32(u), uint32(0))
+
+
 @kernel_factory
-def _prep_kernel(kind):
+def _prep_kernel(kind, wide):
     unpack = unpack_bf16x2 if kind == "bf16" else unpack_f16x2
 
+    @cuda.jit(device=True, inline="always")
+    def dot(x, y):
+        """sum of the elementwise products of two loads (``per`` 16-bit elements each)."""
+        x0, x1 = _load_words(x, wide)
+        y0, y1 = _load_words(y, wide)
+        a_lo, a_hi = unpack(x0)
+        b_lo, b_hi = unpack(y0)
+        acc = a_lo * b_lo + a_hi * b_hi
+        if wide:
+            a_lo, a_hi = unpack(x1)
+            b_lo, b_hi = unpack(y1)
+            acc += a_lo * b_lo + a_hi * b_hi
+        return acc
+
     @cuda.jit
-    def prep(o2, do2, lse, stats, dqacc, heads, sq):
+    def prep(o_w, do_w, lse, stats, dqacc2, heads, sq):
         """Row i of (b, h), one warp per row of the padded length: stats[b, h, 0, i] = lse · log2 e and
         stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's row = 0.
-        o2 / do2 view the rows as pairs (uint32: two 16-bit elements)."""
+        o_w / do_w view the rows as 64-bit words (``wide``: four 16-bit elements) or 32-bit ones (two); dqacc2 as
+        pairs of float32 (uint64). Index arithmetic in 32 bits."""
         grid_dependency_sync()
         lane = cuda.threadIdx.x % 32
-        padded = stats.shape[3]
-        row = cuda.blockIdx.x * PREP_WARPS + cuda.threadIdx.x // 32
-        b = row // (heads * padded)
-        h = (row // padded) % heads
-        i = row % padded
-        if b < stats.shape[0]:
-            if i < sq:
+        padded = uint32(stats.shape[3])
+        row = uint32(cuda.blockIdx.x * PREP_WARPS + cuda.threadIdx.x // 32)
+        per_batch = uint32(uint32(heads) * padded)  # (each product cast back: numba widens to 64 bits, and a
+        b = uint32(row // per_batch)                # 64-bit division is a subroutine call)
+        rest = uint32(row - b * per_batch)
+        h = uint32(rest // padded)
+        i = uint32(rest - h * padded)
+        if b < uint32(stats.shape[0]):
+            if i < uint32(sq):
                 acc = ZERO
-                for j in range(lane, o2.shape[3], 32):
-                    o_lo, o_hi = unpack(o2[b, h, i, j])
-                    d_lo, d_hi = unpack(do2[b, h, i, j])
-                    acc += o_lo * d_lo + o_hi * d_hi
+                for j in range(lane, o_w.shape[3], 32):
+                    acc += dot(o_w[b, h, i, j], do_w[b, h, i, j])
                 for mask in (16, 8, 4, 2, 1):
                     acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, mask)
                 if lane == 0:
                     stats[b, h, 0, i] = lse[b, h, i] * LOG2E_F32
                     stats[b, h, 1, i] = acc
-                for j in range(lane, dqacc.shape[3], 32):
-                    dqacc[b, h, i, j] = ZERO
+                for j in range(lane, dqacc2.shape[3], 32):
+                    dqacc2[b, h, i, j] = uint64(0)
             elif lane == 0:
                 stats[b, h, 0, i] = POS_INF
                 stats[b, h, 1, i] = ZERO
@@ -143,21 +165,51 @@ def _prep_kernel(kind):
     return prep
 
 
+if SIMULATING:
+    def _float_words(u):
+        """The two float32 of a uint64 (bits 0-31, 32-63)."""
+        lo, hi = np.array([int(u)], np.uint64).view(np.float32)
+        return lo, hi
+else:
+    @cuda.jit(device=True, inline="always")
+    def _float_words(u):
+        """The two float32 of a uint64 (bits 0-31, 32-63): bit casts, no conversion."""
+        return libdevice.int_as_float(int32(u & 0xFFFFFFFF)), libdevice.int_as_float(int32(u >> 32))
+
+
 @kernel_factory
-def _post_kernel(kind):
+def _post_kernel(kind, wide):
     pack = pack_bf16x2 if kind == "bf16" else pack_f16x2
 
+    @cuda.jit(device=True, inline="always")
+    def scaled(u, scale):
+        """A uint64 of two float32 -> one uint32 of two 16-bit values, each x ``scale``."""
+        lo, hi = _float_words(u)
+        return pack(lo * scale, hi * scale)
+
     @cuda.jit
-    def post(dqacc, dq2, heads, sq, scale):
-        """dq (pairs of 16-bit elements, uint32) = scale x the float32 accumulator, rounded to nearest even: one
-        block per row (the row's indices computed once), its threads over the row's pairs."""
+    def post(dqacc2, dq_w, heads, sq, scale):
+        """dq = scale x the float32 accumulator, rounded to nearest even: thread t converts the ``t``-th 64-bit
+        word of dq (``wide``: four elements from two uint64 of the accumulator) or 32-bit word (two elements), over
+        the rows in order; 32-bit index arithmetic."""
         grid_dependency_sync()
-        row = cuda.blockIdx.x
-        b = row // (heads * sq)
-        h = (row // sq) % heads
-        i = row % sq
-        for j in range(cuda.threadIdx.x, dq2.shape[3], cuda.blockDim.x):
-            dq2[b, h, i, j] = pack(dqacc[b, h, i, 2 * j] * scale, dqacc[b, h, i, 2 * j + 1] * scale)
+        per_row = uint32(dq_w.shape[3])
+        t = uint32(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+        row = uint32(t // per_row)  # (each product cast back to 32 bits: see prep)
+        j = uint32(t - row * per_row)
+        sq32 = uint32(sq)
+        heads32 = uint32(heads)
+        bh = uint32(row // sq32)
+        i = uint32(row - bh * sq32)
+        b = uint32(bh // heads32)
+        h = uint32(bh - b * heads32)
+        if b < uint32(dq_w.shape[0]):
+            if wide:
+                lo = scaled(dqacc2[b, h, i, 2 * j], scale)
+                hi = scaled(dqacc2[b, h, i, 2 * j + 1], scale)
+                dq_w[b, h, i, j] = uint64(lo) | (uint64(hi) << uint64(32))
+            else:
+                dq_w[b, h, i, j] = scaled(dqacc2[b, h, i, j], scale)
 
     return post
 
@@ -174,11 +226,13 @@ def backward_work(batch, hk, sq, sk, kb):
 
 
 @cuda.jit(device=True, inline="always")
-def backward_item(t, batch, hk, kb):
-    """Item ``t``: (batch, key/value head, first key). Key block first: causal items with the lowest keys see the
-    most query blocks, and they come first."""
-    bh = t % (batch * hk)
-    return bh // hk, bh % hk, (t // (batch * hk)) * kb
+def backward_item(t, hk, nkb, kb):
+    """Item ``t``: (batch, key/value head, first key). Key blocks fastest: the CTAs running at one time work on few
+    heads, so the float32 dQ tiles they reduce into (and the Q, dO tiles they load) stay in L2 - with heads
+    fastest, a round's dQ accumulators spanned one head per CTA, far beyond L2, and every reduce-add went to
+    DRAM."""
+    bh = t // nkb
+    return bh // hk, bh % hk, (t % nkb) * kb
 
 
 def dq_split(d):
@@ -305,7 +359,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     t = persistent_item(r, False)
                     if t >= items:
                         break
-                    b, g, n0 = backward_item(t, batch, hk, kb)
+                    b, g, n0 = backward_item(t, hk, nkb, kb)
                     kvpipe.producer_acquire()
                     for ww in range(kb // BQ):  # each consumer's 64 keys as a tile of their own (one at D = 256)
                         for ch in range(chunks):
@@ -346,7 +400,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             t = persistent_item(r, False)
             if t >= items:
                 break
-            b, g, n0 = backward_item(t, batch, hk, kb)
+            b, g, n0 = backward_item(t, hk, nkb, kb)
             k0 = n0 if halves else n0 + BQ * w  # the consumer's first key
             key0 = k0 + row_in_wg
             key_hi = k0 + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
@@ -458,10 +512,10 @@ class _Prep(Plan):
     rebindable = False
     writes = ("stats", "dqacc")
 
-    def __init__(self, o2, do2, lse, stats, dqacc, kind, heads, sq, rows):
-        self.kernel = _prep_kernel(kind)
+    def __init__(self, o_w, do_w, lse, stats, dqacc2, kind, wide, heads, sq, rows):
+        self.kernel = _prep_kernel(kind, wide)
         self.grid, self.block, self.shared_mem = ceil_div(rows, PREP_WARPS), 32 * PREP_WARPS, 0
-        self._args = (o2, do2, lse, stats, dqacc, heads, sq)
+        self._args = (o_w, do_w, lse, stats, dqacc2, heads, sq)
 
     args = property(lambda self: self._args)
     output = property(lambda self: self._args[3])
@@ -469,12 +523,13 @@ class _Prep(Plan):
 
 class _Post(Plan):
     rebindable = False
-    writes = ("dq2",)
+    writes = ("dq_w",)
+    BLOCK = 256
 
-    def __init__(self, dqacc, dq2, kind, heads, sq, scale, rows, pairs):
-        self.kernel = _post_kernel(kind)
-        self.grid, self.block, self.shared_mem = rows, pairs, 0  # (a row per block, a pair per thread)
-        self._args = (dqacc, dq2, heads, sq, scale)
+    def __init__(self, dqacc2, dq_w, kind, wide, heads, sq, scale, words):
+        self.kernel = _post_kernel(kind, wide)
+        self.grid, self.block, self.shared_mem = ceil_div(words, self.BLOCK), self.BLOCK, 0
+        self._args = (dqacc2, dq_w, heads, sq, scale)
 
     args = property(lambda self: self._args)
     output = property(lambda self: self._args[1])
@@ -507,10 +562,18 @@ def _heads_major(lay, layout):
                        lay.dtype)
 
 
-def _pairs(lay):
-    """The layout viewed as pairs of 16-bit elements along the (contiguous) head dim: uint32."""
-    shape = lay.shape[:3] + (lay.shape[3] // 2,)
-    return ArrayLayout(lay.ptr, shape, lay.strides[:3] + (4,), np.dtype(np.uint32))
+def _words(lay, wide):
+    """The layout viewed as words along the (contiguous) head dim: uint64 (``wide``: four 16-bit elements, or two
+    float32) or uint32 (two 16-bit elements)."""
+    per = (8 if wide else 4) // lay.dtype.itemsize
+    shape = lay.shape[:3] + (lay.shape[3] // per,)
+    return ArrayLayout(lay.ptr, shape, lay.strides[:3] + (8 if wide else 4,), np.dtype(np.uint64 if wide else
+                                                                                          np.uint32))
+
+
+def _aligned(lay, n):
+    """Whether every row of the layout starts on an ``n``-byte boundary."""
+    return lay.ptr % n == 0 and all(st % n == 0 for st in lay.strides[:3])
 
 
 class AttentionBackward(Plan):
@@ -616,10 +679,14 @@ class AttentionBackward(Plan):
         # (numba arrays over torch's tensors: a tensor handed to the launch itself goes through DLPack, which
         # synchronizes with torch's stream - refused while a CUDA graph is being captured)
         stats_view, dqacc_view = _numba_scratch(self.stats), _numba_scratch(self.dqacc)
-        self.prep = _Prep(kernel_view(_pairs(hm["o"]), o), kernel_view(_pairs(hm["do"]), do),
-                          kernel_view(ll, lse), stats_view, dqacc_view, kind, hq, sq, bq * hq * padded)
-        self.post = _Post(dqacc_view, kernel_view(_pairs(hm["dq"]), dq), kind, hq, sq, np.float32(scale),
-                          bq * hq * sq, d // 2)
+        # (the row kernels move 8-byte words where every row allows it, else 4-byte ones)
+        acc2 = kernel_view(_words(array_layout(self.dqacc), True), self.dqacc)  # (pairs of float32)
+        wide_in = _aligned(hm["o"], 8) and _aligned(hm["do"], 8)
+        wide_out = _aligned(hm["dq"], 8)
+        self.prep = _Prep(kernel_view(_words(hm["o"], wide_in), o), kernel_view(_words(hm["do"], wide_in), do),
+                          kernel_view(ll, lse), stats_view, acc2, kind, wide_in, hq, sq, bq * hq * padded)
+        self.post = _Post(acc2, kernel_view(_words(hm["dq"], wide_out), dq), kind, wide_out, hq, sq,
+                          np.float32(scale), bq * hq * sq * d // (4 if wide_out else 2))
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
         self.block = 3 * WARPGROUP
         self.shared_mem = shared_bytes(d, self.stages)
