@@ -7,7 +7,11 @@ flushed). Only the backward is timed: torch's through ``torch.autograd.grad`` of
 numbatma's through the plan's launch (its three kernels: the row statistics, the main kernel, dq's conversion).
 TFLOP/s = 10 B H S^2 D (the backward's five products; half for causal) / time.
 
-    python benchmarks/attention_backward.py [--dims 64,128,256] [--seqs 1024,4096,8192] [--reps 15] [--atomic] [--json F]
+    python benchmarks/attention_backward.py [--dims 64,128,256] [--seqs 1024,4096,8192] [--reps 15] [--atomic]
+        [--variant NAME:OPTION=VALUE[,OPTION=VALUE]]... [--json F]
+
+``--variant`` times another AttentionBackward configuration beside the default one (e.g.
+``--variant keys:dq_split=keys --variant s3:stages=3``; a configuration a head dim refuses is skipped there).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--atomic", action="store_true",
                         help="also time dq_reduce='atomic' (one red.global.add.f32 per dQ element)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME:OPTION=VALUE[,OPTION=VALUE]: also time AttentionBackward with these options")
     args = parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -80,13 +86,26 @@ def main():
                 torch.cuda.synchronize()
                 row["numbatma"] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(grads, ref))}
                 fns.append(("numbatma", plan.launch))
-                if args.atomic:
+                variants = [("atomic", {"dq_reduce": "atomic"})] if args.atomic else []
+                for spec in args.variant:
+                    vname, _, opts = spec.partition(":")
+                    options = {}
+                    for kv in filter(None, opts.split(",")):
+                        key, _, value = kv.partition("=")
+                        options[key] = int(value) if value.isdigit() else value
+                    variants.append((vname, options))
+                for vname, options in variants:
                     grads2 = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-                    plan2 = AttentionBackward(q, k, v, o, do, lse, *grads2, causal=causal, dq_reduce="atomic")
+                    try:
+                        plan2 = AttentionBackward(q, k, v, o, do, lse, *grads2, causal=causal, **options)
+                    except Exception as exc:  # noqa: BLE001 - a configuration this head dim refuses
+                        log(f"  {vname:10s} SKIP {type(exc).__name__}: {str(exc)[:150]}")
+                        continue
                     plan2.launch()
                     torch.cuda.synchronize()
-                    row["atomic"] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(grads2, ref))}
-                    fns.append(("atomic", plan2.launch))
+                    row[vname] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(grads2, ref)),
+                                  "options": options}
+                    fns.append((vname, plan2.launch))
                 for (name, _), (ms, spread) in zip(fns, timer.median_ms_interleaved([f for _, f in fns])):
                     r = row[name]
                     r.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, spread=spread)

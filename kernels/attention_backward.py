@@ -235,7 +235,10 @@ def backward_item(t, hk, nkb, kb):
     return bh // hk, bh % hk, (t % nkb) * kb
 
 
-def dq_split(d):
+DQ_SPLITS = ("cols", "keys")
+
+
+def default_dq_split(d):
     """How the two consumers share ``dQ = dS K`` of a query block (64 x D): "cols" (D = 128: consumer ``w`` the
     columns ``64 w ..`` over all 128 keys of the item - both dSᵀ halves: one float32 tile per query block and item
     reaches the accumulator), "keys" (D = 64: consumer ``w`` all 64 columns over its own 64 keys, both adding theirs
@@ -246,12 +249,12 @@ def dq_split(d):
 
 
 @kernel_factory
-def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2):
+def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
-    own_keys = dq_split(d) == "keys"
-    dq_chunks = 2 if halves else 1  # 64-wide chunks of dQ a consumer computes per query block (in its turn)
+    own_keys = (split or default_dq_split(d)) == "keys"
+    dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
     kb = keys_per_item(d)
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
@@ -318,7 +321,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                          0)
         if own_keys:
             ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
-            k_op = shared_view(smem, w * q_elems, (1, BQ, CHUNK))
+            k_op = shared_view(smem, w * q_elems + cc * box, (1, BQ, CHUNK))
             return wgmma(dq, wgmma_desc(ds_op, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
                          0)
         ch = w
@@ -440,8 +443,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
                     fence_proxy_async_shared_cta()
-                    if halves:
-                        warpgroup_sync(w)  # (its own copy of dSᵀ: both consumers computed the same one)
+                    if halves or own_keys:
+                        warpgroup_sync(w)  # (dQ reads only this consumer's dSᵀ)
                     else:
                         named_barrier_sync(DS_BARRIER, CONSUMER_PAIR)  # (both 64-key halves of dSᵀ written)
                     step += 1
@@ -588,7 +591,7 @@ class AttentionBackward(Plan):
     writes = ("dq", "dk", "dv")
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
-                 dq_reduce="tma"):
+                 dq_reduce="tma", dq_split=None):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -649,12 +652,22 @@ class AttentionBackward(Plan):
         def fits(n, buffers=1):
             return shared_bytes(d, n) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
 
-        self.stages = int_option(op, "stages", (2 if fits(2) else 1) if stages is None else stages, 1, 4)
+        # default: three stages where they fit beside two staged dQ chunks per consumer (D = 64: +1.5% over two on
+        # an H200), else two (D = 128: a third would cost the second dQ buffer, -28%), else one (D = 256)
+        default = 3 if fits(3, 2) else (2 if fits(2) else 1)
+        self.stages = int_option(op, "stages", default if stages is None else stages, 1, 4)
         if not fits(self.stages):
             raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs "
                                  f"{shared_bytes(d, self.stages) + static_shared_bytes(self.stages, 1)} bytes of shared "
                                  f"memory; a block may use {SMEM_LIMIT}")
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
+        if dq_split is not None:
+            choice_option(op, "dq_split", dq_split, DQ_SPLITS)
+            if d == 256 or (dq_split == "cols" and d != 128):
+                raise TensorMapError(f"{op}: dq_split={dq_split!r} is not a choice at head dim {d}: 'cols' needs "
+                                     f"128, 'keys' 64 or 128 (at 256 the consumers split the head dim of one "
+                                     f"64-key item)")
+        self.dq_split = dq_split or default_dq_split(d)
         self.shape = (bq, hq, hk, sq, sk, d)
         self.layout = layout
         self.dtype = lays["q"].dtype
@@ -696,7 +709,7 @@ class AttentionBackward(Plan):
                       np.float32(scale))
         self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
-                                       self.dq_reduce, self.dq_buffers)
+                                       self.dq_reduce, self.dq_buffers, self.dq_split)
 
     args = property(lambda self: self._args)
 

@@ -51,6 +51,9 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(d=128), dict(stages=4), "stages=4 with head dim 128 needs .* bytes of shared memory; a block may use"),
     (dict(), dict(causal=1), "causal must be True or False, got 1"),
     (dict(), dict(dq_reduce="red"), "dq_reduce must be .*'tma'.*'atomic'.*, got 'red'"),
+    (dict(), dict(dq_split="rows"), "dq_split must be .*'cols'.*'keys'.*, got 'rows'"),
+    (dict(), dict(dq_split="cols"), "dq_split='cols' is not a choice at head dim 64: 'cols' needs 128"),
+    (dict(d=256), dict(dq_split="keys"), "dq_split='keys' is not a choice at head dim 256"),
 ])
 def test_bad_arguments(change, options, message):
     with pytest.raises(TensorMapError, match="AttentionBackward: " + message):
@@ -77,6 +80,28 @@ def test_the_kernel_compiles_without_local_memory():
     assert ops.count("HGMMA.64x64x16.F32") == 20  # Sᵀ, dPᵀ: 4 k-steps each; dV, dK: 4 each; dQ: 4
     assert "STL" not in text and "LDL" not in text, "local memory in the backward kernel"
     assert text.count("USETMAXREG") == 2 and "UTMAREDG.4D.ADD" in text and "UTMALDG" in text  # (dQ: TMA reduce-add)
+
+
+def test_row_kernels_move_8_byte_words_where_every_row_allows():
+    """o, do, dq rows on 8-byte boundaries: the row kernels read and write 64-bit words (four elements); a view
+    whose rows start 4 bytes in takes 32-bit words (tests/sim: the same gradients)."""
+    from numbatma import array_layout
+
+    plan = AttentionBackward(*arrays(d=64))
+    assert array_layout(plan.prep.args[0]).dtype == np.uint64 and array_layout(plan.post.args[1]).dtype == np.uint64
+    narrow = arrays(d=64)
+    narrow[6] = FakeCudaArray((2, 4, 1000, 64), np.float16, ptr=(1 << 40) + 4)  # dq: rows 4 bytes past 8
+    plan = AttentionBackward(*narrow)
+    assert array_layout(plan.post.args[1]).dtype == np.uint32 and array_layout(plan.prep.args[0]).dtype == np.uint64
+
+
+def test_default_schedule_per_head_dim():
+    """Q/dO stages and dQ's split by head dim: D = 64 three stages, each consumer adding dQ over its own keys;
+    D = 128 two stages (a third would cost a dQ staging buffer), the consumers splitting dQ's columns; D = 256 one
+    stage, the consumers splitting the head dim."""
+    got = {d: (p.stages, p.dq_buffers, p.dq_split) for d in (64, 128, 256) for p in [AttentionBackward(*arrays(d=d))]}
+    assert got == {64: (3, 2, "keys"), 128: (2, 2, "cols"), 256: (1, 2, "halves")}
+    assert AttentionBackward(*arrays(d=128), stages=3).dq_buffers == 1
 
 
 def test_head_dim_256_takes_one_stage_by_default():

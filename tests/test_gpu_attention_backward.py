@@ -103,6 +103,39 @@ def test_default_scale_is_one_over_sqrt_d():
     run_case(1, 2, 2, 128, 128, 64, False, scale=1 / math.sqrt(64))
 
 
+@pytest.mark.parametrize("options", [dict(dq_split="keys"), dict(stages=3), dict(stages=1, dq_split="keys")],
+                         ids=["keys", "three-stages", "one-stage-keys"])
+def test_other_schedules_at_head_dim_128(options):
+    """The benchmark's switches: dQ over each consumer's own keys, three Q/dO stages (one dQ staging buffer)."""
+    run_case(1, 4, 2, 1000, 700, 128, True, **options)
+    run_case(2, 2, 2, 300, 900, 128, False, **options)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_rows_of_o_and_dq_on_4_byte_boundaries(d):
+    """o and dq as views two elements into wider rows: the row kernels take 32-bit words; dq's margins untouched."""
+    torch.manual_seed(d)
+    b, h, s = 2, 2, 333
+    q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o_dense = torch.empty_like(q)
+    lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+    Attention(q, k, v, o_dense, lse, causal=True).launch()
+    o_parent = torch.full((b, h, s, d + 2), SENTINEL, device="cuda", dtype=torch.bfloat16)
+    o = o_parent[..., 2:]
+    o.copy_(o_dense)
+    dq_parent = torch.full((b, h, s, d + 2), SENTINEL, device="cuda", dtype=torch.bfloat16)
+    dq = dq_parent[..., 2:]
+    dq.fill_(float("nan"))
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    AttentionBackward(q, k, v, o, do, lse, dq, dk, dv, causal=True).launch()
+    torch.cuda.synchronize()
+    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), reference(q, k, v, do, True, 1 / math.sqrt(d))):
+        scale_ref = ref.abs().max().item()
+        err = (got.float() - ref).abs().max().item()
+        assert err <= (4 * ULP["bfloat16"] + 1e-3) * scale_ref, f"{name}: max error {err:.3g}"
+    assert (dq_parent[..., :2] == SENTINEL).all(), "dq written outside its view"
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_atomic_dq_and_one_stage(d):
     """The benchmark's comparison variant (one atomic per dQ element) and a single Q/dO stage."""

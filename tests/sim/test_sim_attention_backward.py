@@ -63,3 +63,31 @@ def test_gradients_match_numpy(case):
         assert not np.isnan(got).any(), f"{name}: elements never written"
         err = np.abs(got - want).max()
         assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}, max |ref| {np.abs(want).max():.3g}"
+
+
+def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
+    """o and dq as views two elements into wider rows (rows on 4-byte, not 8-byte, boundaries): the row kernels
+    move 32-bit words of them instead of 64-bit ones - same gradients; the parents' first two columns untouched.
+    With dq_split="keys" at D = 128 (each consumer adds dQ over its own 64 keys, all columns)."""
+    b, h, sq, sk, d = 1, 1, 70, 90, 128
+    rng = np.random.default_rng()
+    q, do = (rng.standard_normal((b, h, sq, d)).astype(np.float16) for _ in range(2))
+    k, v = (rng.standard_normal((b, h, sk, d)).astype(np.float16) for _ in range(2))
+    dk, dv = (cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (k, v))
+    lse = cuda.to_device(np.zeros((b, h, sq), np.float32))
+    args = [cuda.to_device(x) for x in (q, k, v)]
+    o_dense = cuda.to_device(np.zeros(q.shape, np.float16))
+    Attention(*args, o_dense, lse).launch()  # (the forward stores o by TMA: 16-byte aligned rows)
+    o_host = np.full((b, h, sq, d + 2), 7, np.float16)
+    o_host[..., 2:] = o_dense.copy_to_host()
+    o = cuda.to_device(o_host)[..., 2:]
+    dq_parent = cuda.to_device(np.full((b, h, sq, d + 2), 7, np.float16))
+    dq = dq_parent[..., 2:]
+    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, dq, dk, dv, dq_split="keys")
+    assert plan.prep.args[0].dtype == np.uint32 and plan.post.args[1].dtype == np.uint32  # (the narrow words)
+    plan.launch()
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference(q, k, v, do, False, 1 / np.sqrt(d))):
+        got = got.copy_to_host().astype(np.float64)
+        err = np.abs(got - want).max()
+        assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}, max |ref| {np.abs(want).max():.3g}"
+    assert (dq_parent.copy_to_host()[..., :2] == 7).all(), "dq's parent written outside the view"
