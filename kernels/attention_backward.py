@@ -27,17 +27,22 @@ Three kernels, launched in order on one stream:
      ``dSᵀ = Pᵀ (dPᵀ - delta)`` (:func:`wgmma_map2`);
    * ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` with ``Pᵀ`` and ``dSᵀ`` straight from registers
      (:func:`wgmma_a_fragments`), dO and Q read MN-major from the same tiles;
-   * ``dSᵀ`` into a 64 x 64 shared tile (:func:`wgmma_store`), and ``dQ_w = dS K_w`` with that tile as an
-     MN-major A operand, one 64-column chunk of the head dim at a time, added into the float32 accumulator of
-     ``dq`` by a TMA reduce-add of the tile staged in shared memory (float32, 128-byte swizzle; both consumers and
-     every item of the key blocks add to it, in no fixed order).
+   * ``dSᵀ`` into a 64 x 64 shared tile (:func:`wgmma_store`; two buffers by step parity), and ``dQ = dS K``
+     with that tile as an MN-major A operand, split between the consumers as :func:`default_dq_split` says,
+     issued before dV and dK and staged in shared memory (float32, 128-byte swizzle, two rotating buffers) while
+     they run, then added into the float32 accumulator of ``dq`` by a TMA reduce-add (every item of the key
+     blocks adds to it, in no fixed order).
+
+   Items go key block fastest: the CTAs running at one time share few heads, so their dQ accumulators and Q/dO
+   tiles stay in L2.
 
    The item's end: ``dK · scale`` and ``dV`` converted and stored from registers (:func:`wgmma_store_global`:
    bounds-checked, nothing past the keys).
-3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type.
+3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type (8-byte words where every row
+   of dq allows, 32-bit index arithmetic; the preprocess likewise).
 
-Not yet here (issue 26): the overlap of one block's products with the next one's softmax, the deterministic order
-of ``dq``'s additions, |scale| > 1 (the forward's "exact" softmax mode).
+Not yet here (issue 26): the overlap of one consumer's softmax with the other's products (the dSᵀ barrier keeps them
+in step), the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's "exact" softmax mode).
 """
 from __future__ import annotations
 
