@@ -92,7 +92,8 @@ def main():
                     options = {}
                     for kv in filter(None, opts.split(",")):
                         key, _, value = kv.partition("=")
-                        options[key] = int(value) if value.isdigit() else value
+                        options[key] = (int(value) if value.isdigit() else
+                                        {"true": True, "false": False}.get(value.lower(), value))
                     variants.append((vname, options))
                 for vname, options in variants:
                     grads2 = [torch.full_like(x, float("nan")) for x in (q, k, v)]

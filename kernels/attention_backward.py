@@ -41,8 +41,11 @@ Three kernels, launched in order on one stream:
 3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type (8-byte words where every row
    of dq allows, 32-bit index arithmetic; the preprocess likewise).
 
+``deterministic=True``: dq's additions into each query block in ascending key-block order (a turn counter per
+query block; see ``add_dq_chunk``), bitwise reproducible, 0.33-0.66x the default's speed so far.
+
 Not yet here (issue 26): the overlap of one consumer's softmax with the other's products (the dSᵀ barrier keeps them
-in step), the deterministic order of ``dq``'s additions, |scale| > 1 (the forward's "exact" softmax mode).
+in step), |scale| > 1 (the forward's "exact" softmax mode).
 """
 from __future__ import annotations
 
@@ -137,9 +140,10 @@ def _prep_kernel(kind, wide):
         return acc
 
     @cuda.jit
-    def prep(o_w, do_w, lse, stats, dqacc2, heads, sq):
+    def prep(o_w, do_w, lse, stats, dqacc2, turns, heads, sq):
         """Row i of (b, h), one warp per row of the padded length: stats[b, h, 0, i] = lse · log2 e and
-        stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's row = 0.
+        stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's row = 0,
+        and at a query block's first row its dQ turn counter (``deterministic``) = 0.
         o_w / do_w view the rows as 64-bit words (``wide``: four 16-bit elements) or 32-bit ones (two); dqacc2 as
         pairs of float32 (uint64). Index arithmetic in 32 bits."""
         grid_dependency_sync()
@@ -152,6 +156,8 @@ def _prep_kernel(kind, wide):
         h = uint32(rest // padded)
         i = uint32(rest - h * padded)
         if b < uint32(stats.shape[0]):
+            if lane == 0 and i % BQ == 0:
+                turns[b, h, i // BQ] = 0
             if i < uint32(sq):
                 acc = ZERO
                 for j in range(lane, o_w.shape[3], 32):
@@ -254,12 +260,14 @@ def default_dq_split(d):
 
 
 @kernel_factory
-def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None):
+def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
+                     deterministic=False):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
     own_keys = (split or default_dq_split(d)) == "keys"
     dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
+    adds = 2 * dq_chunks  # reduce-adds into a query block's dQ per item (deterministic: the turn counter's step)
     kb = keys_per_item(d)
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
@@ -338,10 +346,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         return wgmma(dq, wgmma_desc(ds_hi, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_hi, k_map, "MN", 0, (0, BQ)), 1)
 
     @cuda.jit(device=True, inline="always")
-    def add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, col0):
+    def add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg, sq, col0):
         """Add the 64 x 64 chunk ``dq`` (query rows ``m0 ..``, columns ``col0 ..``) into dq's float32 accumulator:
         staged in the consumer's next rotating buffer and TMA reduce-added by its thread 0 (or, atomic, one
-        ``red.global.add.f32`` an element); returns the chunks staged so far."""
+        ``red.global.add.f32`` an element); returns the chunks staged so far.
+
+        ``deterministic``: the adds into a query block go in ascending key-block order. Thread 0 first waits until
+        the block's turn counter reaches ``turn`` = ``adds`` x the item's key block (every earlier key block's adds
+        done) + at D = 64 (and ``dq_split="keys"``) consumer 0's chunks for consumer 1 (their chunks overlap), then
+        reduce-adds, waits for the additions and counts them: one order whatever the timing. (An item only waits
+        for items of its head with lower key blocks: earlier in every CTA's order, never in a later round.)"""
         if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
             wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
             return nd
@@ -349,17 +363,25 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         dq_out.acquire(w, tw)  # (the reduce that last read this buffer has read it)
         wgmma_store(dq, shared_view(dq_stage, at, (2, BQ, 32)), dq_map, 0, 0)
         if dq_out.publish(w, tw):
+            if deterministic:
+                while cuda.atomic.add(turns, (b, h, m0 // BQ), 0) < turn:
+                    pass
+                cuda.threadfence()
             for j in range(2):
                 tma_reduce("add", dq_map, (b, h, m0, col0 + 32 * j), shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
             bulk_commit_group()
+            if deterministic:
+                bulk_wait_group(0)  # (the additions performed)
+                cuda.threadfence()
+                cuda.atomic.add(turns, (b, h, m0 // BQ), 1)
         return nd + 1
 
     @cuda.jit(device=True, inline="always")
     def producer(args):
         """One elected thread: per item K and V (one stage), then Q and dO of every query block of every query head
         of the group that sees the item's keys."""
-        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv, batch,
-         hk, group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
+         batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
@@ -391,8 +413,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
-        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv, batch,
-         hk, group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
+         batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
@@ -412,6 +434,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             k0 = n0 if halves else n0 + BQ * w  # the consumer's first key
             key0 = k0 + row_in_wg
             key_hi = k0 + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
+            # (deterministic: the adds to a query block's dQ before this consumer's - every lower key block's, and
+            # at D = 64 consumer 0's before consumer 1's)
+            turn = adds * (n0 // kb) + (w * dq_chunks if own_keys else 0)
             kvpipe.consumer_wait()
             dkacc = wgmma_zeros(dn)
             dvacc = wgmma_zeros(dn)
@@ -465,14 +490,15 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
                     dq = wgmma_wait_group(1, dq)
-                    nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0)
+                    nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg, sq,
+                                      dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256: the second 64-wide chunk)
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = dq_product(smem, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
-                                          dq_col0 + CHUNK * cc)
+                        nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg,
+                                          sq, dq_col0 + CHUNK * cc)
                     dvacc, dkacc, pf, dsf = wgmma_wait_group(0, (dvacc, dkacc, pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
@@ -489,16 +515,16 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
-    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv, batch, hk, group, sq,
-                                  sk, c, scale):
+    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv, batch, hk,
+                                  group, sq, sk, c, scale):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
         dq_stage = cuda.shared.array(dq_stage_elems, np.float32, alignment=1024)  # the consumers' dQ tiles
         kvpipe = Pipeline(1, 1, 8)  # K and V of the item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
-        roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, dk, dv,
-               batch, hk, group, sq, sk, c, scale))
+        roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk,
+               dv, batch, hk, group, sq, sk, c, scale))
 
     return attention_backward_kernel
 
@@ -518,12 +544,12 @@ def static_shared_bytes(stages, dq_buffers=2):
 # -- the plans -----------------------------------------------------------------------------------------------------
 class _Prep(Plan):
     rebindable = False
-    writes = ("stats", "dqacc")
+    writes = ("stats", "dqacc", "turns")
 
-    def __init__(self, o_w, do_w, lse, stats, dqacc2, kind, wide, heads, sq, rows):
+    def __init__(self, o_w, do_w, lse, stats, dqacc2, turns, kind, wide, heads, sq, rows):
         self.kernel = _prep_kernel(kind, wide)
         self.grid, self.block, self.shared_mem = ceil_div(rows, PREP_WARPS), 32 * PREP_WARPS, 0
-        self._args = (o_w, do_w, lse, stats, dqacc2, heads, sq)
+        self._args = (o_w, do_w, lse, stats, dqacc2, turns, heads, sq)
 
     args = property(lambda self: self._args)
     output = property(lambda self: self._args[3])
@@ -543,14 +569,14 @@ class _Post(Plan):
     output = property(lambda self: self._args[1])
 
 
-def _scratch(q, shape):
+def _scratch(q, shape, dtype=np.float32):
     """A float32 work array of the plan (delta, dq's accumulator): a torch tensor on q's device when q is one (torch's
     caching allocator, ordered on its streams), else a numba device array."""
     if type(q).__module__.split(".")[0] == "torch":
         import torch
 
-        return torch.empty(shape, dtype=torch.float32, device=q.device)
-    return cuda.device_array(shape, np.float32)
+        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=q.device)
+    return cuda.device_array(shape, dtype)
 
 
 def _numba_scratch(x):
@@ -589,14 +615,15 @@ class AttentionBackward(Plan):
     Options: ``causal`` (as the forward), ``scale`` (default ``1 / sqrt(D)``; |scale| <= 1), ``layout``
     ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 2; 1 at D = 256), ``dq_reduce`` ("tma": dQ tiles staged in
     shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an element - the first
-    version's way, 1.5-2.3x slower on an H100, kept for the benchmark). ``launch(stream)`` runs the three kernels in
-    order on the stream and returns ``(dq, dk, dv)``."""
+    version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols" or "keys" at D = 128:
+    see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order: bitwise reproducible, slower).
+    ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
     writes = ("dq", "dk", "dv")
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
-                 dq_reduce="tma", dq_split=None):
+                 dq_reduce="tma", dq_split=None, deterministic=False):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -673,6 +700,10 @@ class AttentionBackward(Plan):
                                      f"128, 'keys' 64 or 128 (at 256 the consumers split the head dim of one "
                                      f"64-key item)")
         self.dq_split = dq_split or default_dq_split(d)
+        self.deterministic = bool_option(op, "deterministic", deterministic)
+        if self.deterministic and self.dq_reduce != "tma":
+            raise TensorMapError(f"{op}: deterministic=True orders dq's TMA reduce-adds; it cannot order "
+                                 f"dq_reduce={self.dq_reduce!r}")
         self.shape = (bq, hq, hk, sq, sk, d)
         self.layout = layout
         self.dtype = lays["q"].dtype
@@ -692,17 +723,18 @@ class AttentionBackward(Plan):
         padded = ceil_div(sq, BQ) * BQ
         self.stats = _scratch(q, (bq, hq, 2, padded))  # lse · log2 e and delta per query row, padded
         self.dqacc = _scratch(q, (bq, hq, sq, d))
+        self.turns = _scratch(q, (bq, hq, padded // BQ), np.int32)  # (deterministic: dQ's adds per query block)
         self.stats_map = TensorMap(self.stats, (1, 1, 2, BQ))
         self.dq_map = TensorMap(self.dqacc, (1, 1, BQ, 32), swizzle=Swizzle.B128)  # (reduce-adds of dQ tiles)
         # (numba arrays over torch's tensors: a tensor handed to the launch itself goes through DLPack, which
         # synchronizes with torch's stream - refused while a CUDA graph is being captured)
-        stats_view, dqacc_view = _numba_scratch(self.stats), _numba_scratch(self.dqacc)
+        stats_view, dqacc_view, turns_view = (_numba_scratch(x) for x in (self.stats, self.dqacc, self.turns))
         # (the row kernels move 8-byte words where every row allows it, else 4-byte ones)
         acc2 = kernel_view(_words(array_layout(self.dqacc), True), self.dqacc)  # (pairs of float32)
         wide_in = _aligned(hm["o"], 8) and _aligned(hm["do"], 8)
         wide_out = _aligned(hm["dq"], 8)
         self.prep = _Prep(kernel_view(_words(hm["o"], wide_in), o), kernel_view(_words(hm["do"], wide_in), do),
-                          kernel_view(ll, lse), stats_view, acc2, kind, wide_in, hq, sq, bq * hq * padded)
+                          kernel_view(ll, lse), stats_view, acc2, turns_view, kind, wide_in, hq, sq, bq * hq * padded)
         self.post = _Post(acc2, kernel_view(_words(hm["dq"], wide_out), dq), kind, wide_out, hq, sq,
                           np.float32(scale), bq * hq * sq * d // (4 if wide_out else 2))
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
@@ -710,11 +742,11 @@ class AttentionBackward(Plan):
         self.shared_mem = shared_bytes(d, self.stages)
         self._grid = None
         self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
-                      self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634),
+                      turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634),
                       np.float32(scale))
         self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
-                                       self.dq_reduce, self.dq_buffers, self.dq_split)
+                                       self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic)
 
     args = property(lambda self: self._args)
 
@@ -722,7 +754,9 @@ class AttentionBackward(Plan):
     def grid(self):
         """CTAs: one per SM (persistent; the SMs counted on first use), never more than there are items."""
         if self._grid is None:
-            self._grid = persistent_grid(self.items)
+            # (the simulator runs blocks one after another: a deterministic plan's block would wait forever for
+            # a later one's turn - one block there, which takes every item in order)
+            self._grid = 1 if SIMULATING and self.deterministic else persistent_grid(self.items)
         return self._grid
 
     @property

@@ -141,3 +141,28 @@ def test_atomic_dq_and_one_stage(d):
     """The benchmark's comparison variant (one atomic per dQ element) and a single Q/dO stage."""
     run_case(1, 4, 2, 1000, 700, d, True, dq_reduce="atomic")
     run_case(1, 2, 2, 500, 900, d, False, stages=1)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_deterministic_mode_gives_the_same_bits_twice(d):
+    """deterministic=True: dq's additions in key-block order - two runs give bitwise equal dq, dk, dv (and the
+    reference's values); GQA and causal, enough key blocks per query block that the order matters."""
+    torch.manual_seed(d)
+    b, hq, hk, s = 2, 4, 2, 2000
+    q, do = (torch.randn((b, hq, s, d), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn((b, hk, s, d), device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, s), device="cuda", dtype=torch.float32)
+    Attention(q, k, v, o, lse, causal=True).launch()
+    runs = []
+    for _ in range(2):
+        grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+        AttentionBackward(q, k, v, o, do, lse, *grads, causal=True, deterministic=True).launch()
+        torch.cuda.synchronize()
+        runs.append(grads)
+    for name, a, c in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(a.view(torch.int16), c.view(torch.int16)), f"{name}: two runs differ"
+    for name, got, ref in zip(("dq", "dk", "dv"), runs[0], reference(q, k, v, do, True, 1 / math.sqrt(d))):
+        scale_ref = ref.abs().max().item()
+        err = (got.float() - ref).abs().max().item()
+        assert err <= (4 * ULP["bfloat16"] + 1e-3) * scale_ref, f"{name}: max error {err:.3g}"

@@ -91,3 +91,29 @@ def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
         err = np.abs(got - want).max()
         assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}, max |ref| {np.abs(want).max():.3g}"
     assert (dq_parent.copy_to_host()[..., :2] == 7).all(), "dq's parent written outside the view"
+
+
+def test_deterministic_mode_counts_dq_turns_by_key_block():
+    """deterministic=True: each consumer waits for its query block's turn before reduce-adding dQ and counts its
+    adds after them. One block in the simulator (it runs blocks one after another: the items come in key-block
+    order, every wait is met at once) - what this checks is the counting: every query block ends at 2 adds per key
+    block that sees it (D = 64: both consumers add), and the gradients of the reference. (Bitwise equality of two
+    runs: tests/test_gpu_attention_backward.py.)"""
+    b, hq, hk, sq, sk, d = 1, 2, 1, 70, 150, 64
+    rng = np.random.default_rng()
+    q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
+    k, v = (rng.standard_normal((b, hk, sk, d)).astype(np.float16) for _ in range(2))
+    o = cuda.to_device(np.zeros(q.shape, np.float16))
+    lse = cuda.to_device(np.zeros((b, hq, sq), np.float32))
+    args = [cuda.to_device(x) for x in (q, k, v)]
+    Attention(*args, o, lse, causal=True).launch()
+    grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
+    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True)
+    assert plan.grid == 1
+    plan.launch()
+    turns = plan.turns.copy_to_host()
+    seen = [sum(1 for n0 in range(0, sk, 128) if n0 <= 64 * i + 63) for i in range(turns.shape[2])]
+    assert (turns == 2 * np.array(seen)[None, None, :]).all(), (turns, seen)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, reference(q, k, v, do, True, 1 / np.sqrt(d))):
+        err = np.abs(got.copy_to_host().astype(np.float64) - want).max()
+        assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}"
