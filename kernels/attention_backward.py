@@ -613,9 +613,9 @@ def _aligned(lay, n):
 class AttentionBackward(Plan):
     """A planned attention backward (see the module docstring): ``dq, dk, dv`` from ``q, k, v, o, do, lse``.
     Options: ``causal`` (as the forward), ``scale`` (default ``1 / sqrt(D)``; |scale| <= 1), ``layout``
-    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 2; 1 at D = 256), ``dq_reduce`` ("tma": dQ tiles staged in
-    shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an element - the first
-    version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols" or "keys" at D = 128:
+    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 3 at D = 64, 2 at 128, 1 at 256), ``dq_reduce`` ("tma":
+    dQ tiles staged in shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an
+    element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols" or "keys" at D = 128:
     see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order: bitwise reproducible, slower).
     ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
