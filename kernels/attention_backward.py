@@ -615,8 +615,8 @@ class AttentionBackward(Plan):
     Options: ``causal`` (as the forward), ``scale`` (default ``1 / sqrt(D)``; |scale| <= 1), ``layout``
     ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 3 at D = 64, 2 at 128, 1 at 256), ``dq_reduce`` ("tma":
     dQ tiles staged in shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an
-    element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols" or "keys" at D = 128:
-    see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order: bitwise reproducible, slower).
+    element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols"
+    or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order: bitwise reproducible, slower).
     ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
@@ -742,7 +742,8 @@ class AttentionBackward(Plan):
         self.shared_mem = shared_bytes(d, self.stages)
         self._grid = None
         self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
-                      turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk, np.float32(scale * 1.4426950408889634),
+                      turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk,
+                      np.float32(scale * 1.4426950408889634),
                       np.float32(scale))
         self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
