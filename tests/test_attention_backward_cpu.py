@@ -130,11 +130,11 @@ def test_head_dim_256_takes_one_stage_by_default():
         AttentionBackward(*arrays(d=256), stages=2)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_the_deterministic_variant_compiles_without_serializing(d):
+def test_the_deterministic_variant_compiles_without_serializing():
     """``deterministic=True``: thread 0 of a consumer waits for the query block's turn (an atomic read in a loop),
-    reduce-adds, waits for the additions and counts them (an atomic add); the wgmma products stay back to back."""
-    plan = AttentionBackward(*arrays(d=d), deterministic=True)
+    reduce-adds, waits for the additions and counts them (an atomic add); the wgmma products stay back to back.
+    (D = 64 here, the quickest build; the GPU tests run all three head dims.)"""
+    plan = AttentionBackward(*arrays(d=64), deterministic=True)
     text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
     assert "UTMAREDG.4D.ADD" in text and "ATOMG.E.ADD" in text or "ATOM.E.ADD" in text
     ops = [line.split("*/")[1].split(";")[0].split()[0] for line in text.splitlines()
