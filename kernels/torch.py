@@ -115,7 +115,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, transpose_b: bool) -> torch.Tensor
         b = b.contiguous()
     c = torch.empty((m, n + np_), dtype=a.dtype, device=a.device)
     gemm(a, b, c, b_layout="nk" if transpose_b else "kn")
-    return c[:, :n] if np_ else c
+    return c[:, :n].contiguous() if np_ else c  # (contiguous, as the fake implementation says)
 
 
 @_matmul.register_fake

@@ -97,6 +97,26 @@ def test_matmul_and_linear_gradients(transpose):
         close(bias.grad, biasf.grad, "dbias")
 
 
+def test_matmul_with_k_and_n_off_the_16_byte_grid():
+    """K = 45 and N = 29 (rows not on 16-byte boundaries): the op pads copies with zeros and returns a contiguous
+    (M, N) result - forward and both gradients against float32 autograd, eager and under torch.compile."""
+    torch.manual_seed(7)
+    a = torch.randn((37, 45), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn((45, 29), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for fn in (ntorch.matmul, torch.compile(ntorch.matmul, fullgraph=True)):
+        a.grad = b.grad = None
+        out = fn(a, b)
+        assert out.shape == (37, 29) and out.is_contiguous()
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        af, bf = (x.detach().float().requires_grad_() for x in (a, b))
+        ref = af @ bf
+        ref.backward(dout.float())
+        close(out, ref.detach(), "out")
+        close(a.grad, af.grad, "da")
+        close(b.grad, bf.grad, "db")
+
+
 def test_linear_under_torch_compile_fullgraph():
     torch.manual_seed(1)
     x = torch.randn((4, 64, 128), device="cuda", dtype=torch.bfloat16, requires_grad=True)
