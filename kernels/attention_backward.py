@@ -68,6 +68,7 @@ from numbatma.intrinsics import (
     persistent_item,
     named_barrier_sync,
     pack_bf16x2,
+    pingpong,
     pack_f16x2,
     register_budget,
     shared_view,
@@ -261,13 +262,16 @@ def default_dq_split(d):
 
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
-                     deterministic=False):
+                     deterministic=False, take_turns=False):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
     own_keys = (split or default_dq_split(d)) == "keys"
     dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
     adds = 2 * dq_chunks  # reduce-adds into a query block's dQ per item (deterministic: the turn counter's step)
+    # pingpong: the consumers issue their Sᵀ and dPᵀ in turn, so that the first one's softmax runs while the
+    # second one's products do (named barriers 3 and 4; 1, 2: warpgroup_sync; DS_BARRIER 8)
+    turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)
     kb = keys_per_item(d)
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
@@ -426,6 +430,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         dq_col0 = CHUNK * c0 if halves else (0 if own_keys else CHUNK * w)  # its first column of dQ
         step = 0  # query blocks so far (the dSᵀ buffer)
         nd = 0  # dQ chunks staged so far (the rotating staging buffer)
+        active = cuda.blockIdx.x < items  # (the CTA has work: both consumers take the same turns)
+        if take_turns:
+            turn_start(w, active)
         for r in range(rounds):
             t = persistent_item(r, False)
             if t >= items:
@@ -450,6 +457,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     do_all = shared_view(smem, q_base + (2 * s + 1) * q_elems, (chunks, BQ, CHUNK))
                     # Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (64 keys x 64 queries, the head dim as K), two groups: P is computed
                     # while dPᵀ runs (and the lse values P needs are dead before dPᵀ's registers fill)
+                    if take_turns:
+                        wait_turn(w)  # my turn to issue
                     st = wgmma_fence(wgmma_zeros(BQ))
                     st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)), wgmma_desc(q_all, q_map, "K", 0, (0, d)), 0)
                     wgmma_commit_group()
@@ -457,6 +466,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dpt = wgmma(dpt, wgmma_desc(v_w, v_map, "K", 0, (0, d)), wgmma_desc(do_all, do_map, "K", 0, (0, d)),
                                 0)
                     wgmma_commit_group()
+                    if take_turns:
+                        pass_turn(w)  # the other's turn
                     lse2 = shared_view(stats, 2 * s * BQ, (BQ,))
                     st = wgmma_wait_group(1, st)
                     if key_hi >= sk or (causal and key_hi > m0):  # (a ragged key block, the causal diagonal)
@@ -507,6 +518,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             dkacc = wgmma_map(dkacc, times, scale)
             wgmma_store_global(dkacc, dk[b, g], k0, CHUNK * c0)
             wgmma_store_global(dvacc, dv[b, g], k0, CHUNK * c0)
+        if take_turns:
+            turn_finish(w, active)
         if tw == 0:
             bulk_wait_group(0)  # (dq's last reduces complete before the kernel ends)
 
@@ -616,14 +629,15 @@ class AttentionBackward(Plan):
     ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 3 at D = 64, 2 at 128, 1 at 256), ``dq_reduce`` ("tma":
     dQ tiles staged in shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an
     element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols"
-    or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order: bitwise reproducible, slower).
-    ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
+    or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order:
+    bitwise reproducible, slower), ``pingpong`` (the consumers issue Sᵀ and dPᵀ in turn - a benchmark switch, off:
+    not yet measured). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
     writes = ("dq", "dk", "dv")
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
-                 dq_reduce="tma", dq_split=None, deterministic=False):
+                 dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -701,6 +715,7 @@ class AttentionBackward(Plan):
                                      f"64-key item)")
         self.dq_split = dq_split or default_dq_split(d)
         self.deterministic = bool_option(op, "deterministic", deterministic)
+        self.pingpong = bool_option(op, "pingpong", pingpong)
         if self.deterministic and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: deterministic=True orders dq's TMA reduce-adds; it cannot order "
                                  f"dq_reduce={self.dq_reduce!r}")
@@ -747,7 +762,8 @@ class AttentionBackward(Plan):
                       np.float32(scale))
         self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
-                                       self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic)
+                                       self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic,
+                                       self.pingpong)
 
     args = property(lambda self: self._args)
 

@@ -54,6 +54,7 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(), dict(dq_reduce="red"), "dq_reduce must be .*'tma'.*'atomic'.*, got 'red'"),
     (dict(), dict(dq_split="rows"), "dq_split must be .*'cols'.*'keys'.*, got 'rows'"),
     (dict(), dict(deterministic=1), "deterministic must be True or False, got 1"),
+    (dict(), dict(pingpong="yes"), "pingpong must be True or False, got 'yes'"),
     (dict(), dict(deterministic=True, dq_reduce="atomic"), "deterministic=True orders dq's TMA reduce-adds; it "
                                                             "cannot order dq_reduce='atomic'"),
     (dict(), dict(dq_split="cols"), "dq_split='cols' is not a choice at head dim 64: 'cols' needs 128"),

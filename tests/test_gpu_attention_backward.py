@@ -103,8 +103,9 @@ def test_default_scale_is_one_over_sqrt_d():
     run_case(1, 2, 2, 128, 128, 64, False, scale=1 / math.sqrt(64))
 
 
-@pytest.mark.parametrize("options", [dict(dq_split="keys"), dict(stages=3), dict(stages=1, dq_split="keys")],
-                         ids=["keys", "three-stages", "one-stage-keys"])
+@pytest.mark.parametrize("options", [dict(dq_split="keys"), dict(stages=3), dict(stages=1, dq_split="keys"),
+                                     dict(pingpong=True)],
+                         ids=["keys", "three-stages", "one-stage-keys", "pingpong"])
 def test_other_schedules_at_head_dim_128(options):
     """The benchmark's switches: dQ over each consumer's own keys, three Q/dO stages (one dQ staging buffer)."""
     run_case(1, 4, 2, 1000, 700, 128, True, **options)

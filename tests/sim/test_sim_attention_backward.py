@@ -68,7 +68,7 @@ def test_gradients_match_numpy(case):
 def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
     """o and dq as views two elements into wider rows (rows on 4-byte, not 8-byte, boundaries): the row kernels
     move 32-bit words of them instead of 64-bit ones - same gradients; the parents' first two columns untouched.
-    With dq_split="keys" at D = 128 (each consumer adds dQ over its own 64 keys, all columns)."""
+    With pingpong=True (the consumers issue Sᵀ and dPᵀ in turn, beside the dSᵀ barrier of every step)."""
     b, h, sq, sk, d = 1, 1, 70, 90, 128
     rng = np.random.default_rng()
     q, do = (rng.standard_normal((b, h, sq, d)).astype(np.float16) for _ in range(2))
@@ -83,7 +83,7 @@ def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
     o = cuda.to_device(o_host)[..., 2:]
     dq_parent = cuda.to_device(np.full((b, h, sq, d + 2), 7, np.float16))
     dq = dq_parent[..., 2:]
-    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, dq, dk, dv, dq_split="keys")
+    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, dq, dk, dv, pingpong=True)
     assert plan.prep.args[0].dtype == np.uint32 and plan.post.args[1].dtype == np.uint32  # (the narrow words)
     plan.launch()
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference(q, k, v, do, False, 1 / np.sqrt(d))):
