@@ -10,7 +10,8 @@ intrinsics' semantics. Host-side helpers (``register_budget``, ``persistent_grid
 orders) are plain Python.
 
 Named barriers (ids 0..15; 0 is ``cuda.syncthreads()``): consumer warpgroup ``c`` synchronises its own 128
-threads on id ``1 + c`` (:func:`warpgroup_sync`); :func:`pingpong` takes the ids after those by default.
+threads on id ``1 + c`` (:func:`warpgroup_sync`); :func:`pingpong` takes the ids after those by default
+(``1 + consumers ..``), :func:`tile_handoff` the one after pingpong's (``1 + 2 consumers``).
 
 docs/tensor_cores.md ("Building blocks for warp-specialized kernels") shows a kernel written with them;
 kernels/gemm.py and kernels/attention.py are built on them.
@@ -29,7 +30,8 @@ from .wgmma import wgmma_wait_group
 
 __all__ = ["WARPGROUP", "REGISTER_FILE", "RegisterBudget", "register_budget", "warp_specialize", "warpgroup_sync",
            "PingPong", "pingpong", "tile_origin", "persistent_item", "persistent_share", "persistent_grid",
-           "wait_release", "LaggedRelease", "lagged_release", "store_release", "StoreBuffers", "store_buffers"]
+           "wait_release", "LaggedRelease", "lagged_release", "store_release", "StoreBuffers", "store_buffers",
+           "TileHandoff", "tile_handoff"]
 
 PTX = {}  # (no instruction of its own: every block is made of other families' intrinsics)
 
@@ -342,3 +344,41 @@ def store_buffers(count):
         return tw == 0
 
     return StoreBuffers(acquire, publish)
+
+
+# -- a shared tile written by ordinary stores, then read by wgmma or TMA ------------------------------------------
+TileHandoff = namedtuple("TileHandoff", "own all")
+TileHandoff.__doc__ = """The two device functions of :func:`tile_handoff`: ``own(c)`` (consumer warpgroup ``c``'s
+threads) and ``all()`` (every consumer warpgroup's)."""
+
+
+@functools.lru_cache(maxsize=None)
+def tile_handoff(consumers=2, barrier=None):
+    """Hand a shared-memory tile that consumer warpgroups wrote with ordinary stores (``wgmma_store``, plain
+    shared-array writes) to the asynchronous proxy that reads it next (a wgmma operand, a TMA store):
+    ``fence.proxy.async.shared::cta`` (the writes become visible to it), then a barrier.
+
+    * ``own(c)``: consumer warpgroup ``c``'s 128 threads (:func:`warpgroup_sync`) - the tile is the warpgroup's own;
+    * ``all()``: the threads of all ``consumers`` warpgroups (``bar.sync`` on named barrier ``barrier``, default
+      ``1 + 2 consumers``: after :func:`warpgroup_sync`'s and :func:`pingpong`'s ids) - each wrote part of a tile
+      that each reads whole (numbatma.kernels.AttentionBackward: the two halves of dSᵀ, both read by dQ = dS K).
+
+    Every consumer warpgroup calls ``all()`` the same number of times."""
+    if barrier is None:
+        barrier = 1 + 2 * consumers
+    if not isinstance(consumers, int) or consumers < 1 or not isinstance(barrier, int) or not 1 <= barrier <= 15:
+        raise ValueError(f"tile_handoff: needs consumers >= 1 (an int) and a barrier id in 1..15, got "
+                         f"consumers={consumers!r}, barrier={barrier!r}")
+    threads = consumers * WARPGROUP
+
+    @cuda.jit(device=True, inline="always")
+    def own(c):
+        fence_proxy_async_shared_cta()
+        warpgroup_sync(c)
+
+    @cuda.jit(device=True, inline="always")
+    def every_consumer():
+        fence_proxy_async_shared_cta()
+        named_barrier_sync(barrier, threads)
+
+    return TileHandoff(own, every_consumer)

@@ -61,12 +61,11 @@ from numbatma.intrinsics import (
     bulk_commit_group,
     bulk_wait_group,
     store_buffers,
+    tile_handoff,
     tma_reduce,
     elect_one_sync,
     fast_exp2,
-    fence_proxy_async_shared_cta,
     persistent_item,
-    named_barrier_sync,
     pack_bf16x2,
     pingpong,
     pack_f16x2,
@@ -75,7 +74,6 @@ from numbatma.intrinsics import (
     unpack_bf16x2,
     unpack_f16x2,
     warp_specialize,
-    warpgroup_sync,
     wgmma,
     wgmma_a_fragments,
     wgmma_commit_group,
@@ -99,8 +97,6 @@ from ._plan import Plan, run
 
 __all__ = ["AttentionBackward", "attention_backward"]
 
-DS_BARRIER = 8  # named barrier of the two consumers (dSᵀ's halves written)
-CONSUMER_PAIR = 256  # (its threads: two warpgroups)
 BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the head dim)
 HEAD_DIMS = (64, 128, 256)
 DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
@@ -270,8 +266,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
     adds = 2 * dq_chunks  # reduce-adds into a query block's dQ per item (deterministic: the turn counter's step)
     # pingpong: the consumers issue their Sᵀ and dPᵀ in turn, so that the first one's softmax runs while the
-    # second one's products do (named barriers 3 and 4; 1, 2: warpgroup_sync; DS_BARRIER 8)
+    # second one's products do (named barriers 3 and 4; 1, 2: warpgroup_sync; 5: the dSᵀ handoff)
     turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)
+    ds_handoff = tile_handoff(2)  # (dSᵀ from wgmma_store to the dQ product's operand)
     kb = keys_per_item(d)
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
@@ -483,11 +480,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * box, (BQ, CHUNK)), q_map, 0, 0)
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
-                    fence_proxy_async_shared_cta()
                     if halves or own_keys:
-                        warpgroup_sync(w)  # (dQ reads only this consumer's dSᵀ)
+                        ds_handoff.own(w)  # (dQ reads only this consumer's dSᵀ)
                     else:
-                        named_barrier_sync(DS_BARRIER, CONSUMER_PAIR)  # (both 64-key halves of dSᵀ written)
+                        ds_handoff.all()  # (both 64-key halves of dSᵀ written: dQ reads both)
                     step += 1
                     # dQ = dS K (first, its staging overlaps dV and dK), dV += Pᵀ dO, dK += dSᵀ Q (the queries as
                     # K; dO and Q MN-major from the stage; Pᵀ and dSᵀ from registers)

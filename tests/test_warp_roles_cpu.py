@@ -9,7 +9,7 @@ import re
 import pytest
 
 from numbatma.intrinsics import (lagged_release, persistent_grid, pingpong, register_budget, store_buffers,
-                                 tile_origin, wait_release)
+                                 tile_handoff, tile_origin, wait_release)
 
 
 def test_register_budgets_fill_the_register_file():
@@ -65,7 +65,13 @@ def test_factories_refuse_bad_constants():
         wait_release(-1)
     with pytest.raises(ValueError, match=r"wait_release: lag must be an int in 0..7 .*got 1.0"):
         wait_release(1.0)
+    with pytest.raises(ValueError, match=r"tile_handoff: needs consumers >= 1 .*barrier id in 1..15, got consumers=2, "
+                                         r"barrier=16"):
+        tile_handoff(2, 16)
+    with pytest.raises(ValueError, match=r"tile_handoff: .*got consumers=0"):
+        tile_handoff(0)
     assert len(pingpong(2)) == 4 and len(lagged_release(1)) == 2 and len(store_buffers(2)) == 2
+    assert len(tile_handoff(2)) == 2 and tile_handoff(2) is tile_handoff(2)
     assert wait_release(1) is wait_release(1)  # (one device function per constant: kernels share its compile)
 
 
@@ -81,7 +87,7 @@ def raw_skeleton_calls(source):
                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in RAW_SKELETON})
 
 
-@pytest.mark.parametrize("name", ["gemm.py", "attention.py"])
+@pytest.mark.parametrize("name", ["gemm.py", "attention.py", "attention_backward.py"])
 def test_tensor_core_kernels_take_their_skeleton_from_warp_roles(name):
     source = (KERNELS / name).read_text()
     assert raw_skeleton_calls(source) == [], f"kernels/{name} calls these itself instead of a warp_roles block"

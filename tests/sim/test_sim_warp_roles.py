@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numbatma.intrinsics import pingpong, warpgroup_sync
+from numbatma.intrinsics import pingpong, tile_handoff, warpgroup_sync
 from numbatma.intrinsics._sim import SimulatedHang
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
@@ -121,3 +121,35 @@ def test_planted_bug_without_warpgroup_sync_breaks_the_sums():
     writes of that round."""
     log = _launch(_make_take_turns(False, True))
     assert not np.array_equal(log[:, 2], _expected()[:, 2]), "a sum without warpgroup_sync came out right"
+
+
+def _make_handoff(only_consumer_0):
+    handoff = tile_handoff(2)
+
+    @cuda.jit
+    def halves(out):
+        """Consumer warpgroup c writes row c of a shared tile, hands it to both (``all()``), then each thread of
+        warpgroup c sums row 1 - c (the other's half); thread 0 of each warpgroup also checks ``own(c)``."""
+        tile = cuda.shared.array((2, WARPGROUP), np.int32)
+        c = cuda.threadIdx.x // WARPGROUP
+        tw = cuda.threadIdx.x % WARPGROUP
+        tile[c, tw] = 7 * c + tw
+        if not only_consumer_0 or c == 0:
+            handoff.all()
+        out[c, tw] = tile[1 - c, tw]
+        handoff.own(c)
+
+    return halves
+
+
+def test_tile_handoff_all_gathers_every_consumer():
+    out = cuda.to_device(np.full((2, WARPGROUP), -1, np.int32))
+    _make_handoff(False)[1, 2 * WARPGROUP](out)
+    want = np.array([[7 * (1 - c) + t for t in range(WARPGROUP)] for c in range(2)], np.int32)
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+
+
+def test_planted_bug_handoff_all_in_one_consumer_hangs():
+    """Only consumer 0 calls ``all()``: named barrier 5 waits for 256 threads and gets 128 - reported as a hang."""
+    with pytest.raises(SimulatedHang, match=r"named_barrier_sync\(5, 256\)"):
+        _make_handoff(True)[1, 2 * WARPGROUP](cuda.to_device(np.zeros((2, WARPGROUP), np.int32)))
