@@ -258,7 +258,7 @@ def default_dq_split(d):
 
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
-                     deterministic=False, take_turns=False):
+                     deterministic=False, take_turns=False, kv_stages=1):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
@@ -276,7 +276,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     q_elems = BQ * d  # a Q (or dO) tile: ``chunks`` boxes
     kv_elems = kb * d  # K (or V) of an item: 64-row tiles of ``chunks`` boxes (consumer w's at w q_elems)
     v_base = kv_elems
-    q_base = 2 * kv_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
+    kv_stage_elems = 2 * kv_elems  # K and V of one item (``kv_stages`` of them: the next item's load under this one)
+    q_base = kv_stages * kv_stage_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
     ds_base = q_base + 2 * stages * q_elems  # dSᵀ of a query block: buffer u (by step parity), keys 64 j.. (D = 256:
     # consumer j's copy) at ds_base + (2 u + j) box
     dq_elems = BQ * CHUNK  # a staged dQ chunk: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
@@ -324,25 +325,25 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         return shared_view(smem, base + c * box, (BQ, CHUNK))
 
     @cuda.jit(device=True, inline="always")
-    def dq_product(smem, dq, u, w, cc, ds_map, k_map):
+    def dq_product(smem, kvo, dq, u, w, cc, ds_map, k_map):
         """dQ's chunk ``cc`` of consumer ``w`` from the dSᵀ buffer ``u`` (issued, not committed): over both 64-key
         halves (two products of K = 64: the halves' K tiles are not adjacent), or at D = 256 over the item's 64 keys
         (the consumer's own dSᵀ copy) for columns ``64 (2 w + cc) ..``."""
         if halves:
             ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
-            k_op = shared_view(smem, (2 * w + cc) * box, (1, BQ, CHUNK))
+            k_op = shared_view(smem, kvo + (2 * w + cc) * box, (1, BQ, CHUNK))
             return wgmma(dq, wgmma_desc(ds_op, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
                          0)
         if own_keys:
             ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
-            k_op = shared_view(smem, w * q_elems + cc * box, (1, BQ, CHUNK))
+            k_op = shared_view(smem, kvo + w * q_elems + cc * box, (1, BQ, CHUNK))
             return wgmma(dq, wgmma_desc(ds_op, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
                          0)
         ch = w
         ds_lo = shared_view(smem, ds_base + 2 * u * box, (1, BQ, CHUNK))
         ds_hi = shared_view(smem, ds_base + (2 * u + 1) * box, (1, BQ, CHUNK))
-        k_lo = shared_view(smem, ch * box, (1, BQ, CHUNK))
-        k_hi = shared_view(smem, q_elems + ch * box, (1, BQ, CHUNK))
+        k_lo = shared_view(smem, kvo + ch * box, (1, BQ, CHUNK))
+        k_hi = shared_view(smem, kvo + q_elems + ch * box, (1, BQ, CHUNK))
         dq = wgmma(dq, wgmma_desc(ds_lo, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_lo, k_map, "MN", 0, (0, BQ)), 0)
         return wgmma(dq, wgmma_desc(ds_hi, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_hi, k_map, "MN", 0, (0, BQ)), 1)
 
@@ -391,11 +392,11 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     if t >= items:
                         break
                     b, g, n0 = backward_item(t, hk, nkb, kb)
-                    kvpipe.producer_acquire()
+                    kvo = (kvpipe.producer_acquire() % kv_stages) * kv_stage_elems  # (0 with one stage, folded)
                     for ww in range(kb // BQ):  # each consumer's 64 keys as a tile of their own (one at D = 256)
                         for ch in range(chunks):
-                            kvpipe.load(box_at(smem, ww * q_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
-                            kvpipe.load(box_at(smem, v_base + ww * q_elems, ch), v_map,
+                            kvpipe.load(box_at(smem, kvo + ww * q_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
+                            kvpipe.load(box_at(smem, kvo + v_base + ww * q_elems, ch), v_map,
                                         (b, g, n0 + BQ * ww, CHUNK * ch))
                     kvpipe.producer_commit()
                     first = n0 // BQ if causal else 0
@@ -421,8 +422,6 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         lane = cuda.threadIdx.x % 32
         row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row of a 64-row accumulator (the second: + 8)
         kv_w = 0 if halves else w * q_elems  # this consumer's 64 keys of K and V (D = 256: the item's, shared)
-        k_w = shared_view(smem, kv_w, (chunks, BQ, CHUNK))
-        v_w = shared_view(smem, v_base + kv_w, (chunks, BQ, CHUNK))
         c0 = own * w if halves else 0  # its first chunk of dK, dV and dQ
         dq_col0 = CHUNK * c0 if halves else (0 if own_keys else CHUNK * w)  # its first column of dQ
         step = 0  # query blocks so far (the dSᵀ buffer)
@@ -441,7 +440,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             # (deterministic: the adds to a query block's dQ before this consumer's - every lower key block's, and
             # at D = 64 consumer 0's before consumer 1's)
             turn = adds * (n0 // kb) + (w * dq_chunks if own_keys else 0)
-            kvpipe.consumer_wait()
+            kvo = (kvpipe.consumer_wait() % kv_stages) * kv_stage_elems  # (the item's K/V stage; 0 with one)
+            k_w = shared_view(smem, kvo + kv_w, (chunks, BQ, CHUNK))
+            v_w = shared_view(smem, kvo + v_base + kv_w, (chunks, BQ, CHUNK))
             dkacc = wgmma_zeros(dn)
             dvacc = wgmma_zeros(dn)
             first = n0 // BQ if causal else 0
@@ -489,7 +490,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     # K; dO and Q MN-major from the stage; Pᵀ and dSᵀ from registers)
                     dvacc, dkacc, pf, dsf = wgmma_fence((dvacc, dkacc, pf, dsf))
                     dq = wgmma_fence(wgmma_zeros(CHUNK))
-                    dq = dq_product(smem, dq, u, w, 0, q_map, k_map)
+                    dq = dq_product(smem, kvo, dq, u, w, 0, q_map, k_map)
                     wgmma_commit_group()
                     do_own = shared_view(smem, q_base + (2 * s + 1) * q_elems + c0 * box, (own, BQ, CHUNK))
                     q_own = shared_view(smem, q_base + 2 * s * q_elems + c0 * box, (own, BQ, CHUNK))
@@ -501,7 +502,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                                       dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256: the second 64-wide chunk)
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
-                        dq = dq_product(smem, dq, u, w, cc, q_map, k_map)
+                        dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
                         nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg,
@@ -529,7 +530,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
         dq_stage = cuda.shared.array(dq_stage_elems, np.float32, alignment=1024)  # the consumers' dQ tiles
-        kvpipe = Pipeline(1, 1, 8)  # K and V of the item: one arrival per consumer warp at its end
+        kvpipe = Pipeline(kv_stages, 1, 8)  # K and V of an item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
         roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk,
@@ -538,10 +539,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     return attention_backward_kernel
 
 
-def shared_bytes(d, stages):
-    """Dynamic shared memory of the main kernel: K and V (``keys_per_item(d)`` x D each), ``stages`` x (Q, dO) of
-    64 x D, two buffers of two dSᵀ tiles of 64 x 64 (16-bit elements)."""
-    return 2 * (2 * keys_per_item(d) * d + 2 * stages * BQ * d + 4 * BQ * CHUNK)
+def shared_bytes(d, stages, kv_stages=1):
+    """Dynamic shared memory of the main kernel: ``kv_stages`` x K and V (``keys_per_item(d)`` x D each),
+    ``stages`` x (Q, dO) of 64 x D, two buffers of two dSᵀ tiles of 64 x 64 (16-bit elements)."""
+    return 2 * (2 * kv_stages * keys_per_item(d) * d + 2 * stages * BQ * d + 4 * BQ * CHUNK)
 
 
 def static_shared_bytes(stages, dq_buffers=2):
@@ -627,13 +628,14 @@ class AttentionBackward(Plan):
     element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols"
     or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order:
     bitwise reproducible, slower), ``pingpong`` (the consumers issue Sᵀ and dPᵀ in turn - a benchmark switch, off:
-    not yet measured). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
+    not yet measured), ``kv_stages`` (1 or 2: the next item's K and V loaded under this one, where shared memory
+    allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: not yet measured). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
     writes = ("dq", "dk", "dv")
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
-                 dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False):
+                 dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -691,17 +693,19 @@ class AttentionBackward(Plan):
                                  f"exp2(s · scale·log2 e - lse·log2 e), which loses precision to cancellation beyond "
                                  f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
         self.scale = scale
+        self.kv_stages = int_option(op, "kv_stages", kv_stages, 1, 2)
+
         def fits(n, buffers=1):
-            return shared_bytes(d, n) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
+            return shared_bytes(d, n, self.kv_stages) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
 
         # default: three stages where they fit beside two staged dQ chunks per consumer (D = 64: +1.5% over two on
         # an H200), else two (D = 128: a third would cost the second dQ buffer, -28%), else one (D = 256)
         default = 3 if fits(3, 2) else (2 if fits(2) else 1)
         self.stages = int_option(op, "stages", default if stages is None else stages, 1, 4)
         if not fits(self.stages):
-            raise TensorMapError(f"{op}: stages={self.stages} with head dim {d} needs "
-                                 f"{shared_bytes(d, self.stages) + static_shared_bytes(self.stages, 1)} bytes of shared "
-                                 f"memory; a block may use {SMEM_LIMIT}")
+            raise TensorMapError(f"{op}: stages={self.stages} and kv_stages={self.kv_stages} with head dim {d} need "
+                                 f"{shared_bytes(d, self.stages, self.kv_stages) + static_shared_bytes(self.stages, 1)}"
+                                 f" bytes of shared memory; a block may use {SMEM_LIMIT}")
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
         if dq_split is not None:
             choice_option(op, "dq_split", dq_split, DQ_SPLITS)
@@ -750,7 +754,7 @@ class AttentionBackward(Plan):
                           np.float32(scale), bq * hq * sq * d // (4 if wide_out else 2))
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
         self.block = 3 * WARPGROUP
-        self.shared_mem = shared_bytes(d, self.stages)
+        self.shared_mem = shared_bytes(d, self.stages, self.kv_stages)
         self._grid = None
         self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
                       turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk,
@@ -759,7 +763,7 @@ class AttentionBackward(Plan):
         self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
                                        self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic,
-                                       self.pingpong)
+                                       self.pingpong, self.kv_stages)
 
     args = property(lambda self: self._args)
 

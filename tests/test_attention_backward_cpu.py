@@ -49,12 +49,14 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(), dict(scale=2.0), r"\|scale\| must be at most 1 .* got 2.0"),
     (dict(), dict(scale=float("nan")), "scale must be a finite number"),
     (dict(), dict(stages=5), "stages must be an int(?:eger)? in 1..4, got 5"),
-    (dict(d=128), dict(stages=4), "stages=4 with head dim 128 needs .* bytes of shared memory; a block may use"),
+    (dict(d=128), dict(stages=4), "stages=4 and kv_stages=1 with head dim 128 need .* bytes of shared memory; a block may use"),
     (dict(), dict(causal=1), "causal must be True or False, got 1"),
     (dict(), dict(dq_reduce="red"), "dq_reduce must be .*'tma'.*'atomic'.*, got 'red'"),
     (dict(), dict(dq_split="rows"), "dq_split must be .*'cols'.*'keys'.*, got 'rows'"),
     (dict(), dict(deterministic=1), "deterministic must be True or False, got 1"),
     (dict(), dict(pingpong="yes"), "pingpong must be True or False, got 'yes'"),
+    (dict(), dict(kv_stages=3), "kv_stages must be an int(?:eger)? in 1..2, got 3"),
+    (dict(d=256), dict(kv_stages=2), "stages=1 and kv_stages=2 with head dim 256 need"),
     (dict(), dict(deterministic=True, dq_reduce="atomic"), "deterministic=True orders dq's TMA reduce-adds; it "
                                                             "cannot order dq_reduce='atomic'"),
     (dict(), dict(dq_split="cols"), "dq_split='cols' is not a choice at head dim 64: 'cols' needs 128"),
@@ -121,13 +123,16 @@ def test_default_schedule_per_head_dim():
     got = {d: (p.stages, p.dq_buffers, p.dq_split) for d in (64, 128, 256) for p in [AttentionBackward(*arrays(d=d))]}
     assert got == {64: (3, 2, "keys"), 128: (2, 2, "cols"), 256: (1, 2, "halves")}
     assert AttentionBackward(*arrays(d=128), stages=3).dq_buffers == 1
+    # two K/V stages: D = 64 keeps three Q/dO stages and two dQ buffers, D = 128 is left one Q/dO stage
+    assert [(p.stages, p.dq_buffers) for p in (AttentionBackward(*arrays(d=d), kv_stages=2) for d in (64, 128))] == [
+        (3, 2), (1, 1)]
 
 
 def test_head_dim_256_takes_one_stage_by_default():
     """D = 256: 64 keys an item, K and V 32 KiB each, a Q/dO stage 64 KiB: two stages do not fit beside the static
     tiles."""
     assert AttentionBackward(*arrays(d=256)).stages == 1 and AttentionBackward(*arrays(d=128)).stages == 2
-    with pytest.raises(TensorMapError, match="stages=2 with head dim 256 needs"):
+    with pytest.raises(TensorMapError, match="stages=2 and kv_stages=1 with head dim 256 need"):
         AttentionBackward(*arrays(d=256), stages=2)
 
 

@@ -112,6 +112,12 @@ def test_other_schedules_at_head_dim_128(options):
     run_case(2, 2, 2, 300, 900, 128, False, **options)
 
 
+def test_two_kv_stages_at_head_dim_64():
+    """kv_stages=2 (the next item's K and V loaded under this one; not yet measured): many items per CTA."""
+    run_case(2, 4, 2, 700, 2000, 64, True, kv_stages=2)
+    run_case(1, 2, 1, 1500, 900, 64, False, kv_stages=2)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_rows_of_o_and_dq_on_4_byte_boundaries(d):
     """o and dq as views two elements into wider rows: the row kernels take 32-bit words; dq's margins untouched."""

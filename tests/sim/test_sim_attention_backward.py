@@ -98,7 +98,8 @@ def test_deterministic_mode_counts_dq_turns_by_key_block():
     adds after them. One block in the simulator (it runs blocks one after another: the items come in key-block
     order, every wait is met at once) - what this checks is the counting: every query block ends at 2 adds per key
     block that sees it (D = 64: both consumers add), and the gradients of the reference. (Bitwise equality of two
-    runs: tests/test_gpu_attention_backward.py.)"""
+    runs: tests/test_gpu_attention_backward.py.) With kv_stages=2: the second item's K and V load into the second
+    stage while the first item runs."""
     b, hq, hk, sq, sk, d = 1, 2, 1, 70, 150, 64
     rng = np.random.default_rng()
     q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
@@ -108,7 +109,8 @@ def test_deterministic_mode_counts_dq_turns_by_key_block():
     args = [cuda.to_device(x) for x in (q, k, v)]
     Attention(*args, o, lse, causal=True).launch()
     grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
-    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True)
+    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True,
+                             kv_stages=2)  # (and two K/V stages: one block takes every item, both stages used)
     assert plan.grid == 1
     plan.launch()
     turns = plan.turns.copy_to_host()
