@@ -124,7 +124,7 @@ def _prep_kernel(kind, wide):
 
     @cuda.jit(device=True, inline="always")
     def dot(x, y):
-        """sum of the elementwise products of two loads (``per`` 16-bit elements each)."""
+        """sum of the elementwise products of two loads (four 16-bit elements each when ``wide``, else two)."""
         x0, x1 = _load_words(x, wide)
         y0, y1 = _load_words(y, wide)
         a_lo, a_hi = unpack(x0)
