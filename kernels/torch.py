@@ -10,9 +10,8 @@ package, not at ``numbatma.torch``: the host package never imports the kernels -
   ``numbatma::attention_forward``, which also returns the log-sum-exp the backward needs), the backward
   :class:`numbatma.kernels.AttentionBackward` (op ``numbatma::attention_backward``).
 
-Status (2026-11-28): the first GPU run of tests/test_gpu_torch_ops.py failed before any kernel ran (a tensor that
-requires grad refused its CUDA Array Interface to the plans' argument check); fixed since (the ops detach their
-inputs, the check no longer reads the interface of such a tensor) and not yet run again on a GPU.
+Status (2026-11-28): tests/test_gpu_torch_ops.py passes on an H200 (eager, torch.compile(fullgraph=True), a CUDA
+graph); its case for K and N off the 16-byte grid was added after that run and has not run yet.
 
 * :func:`matmul` ``(a, b)`` (2-D, ``a @ b``) and :func:`linear` ``(x, weight, bias=None)`` (``x @ weightᵀ + bias``,
   x of any leading shape): :class:`numbatma.kernels.Gemm` forward and backward (op ``numbatma::matmul``, with
@@ -20,7 +19,8 @@ inputs, the check no longer reads the interface of such a tensor) and not yet ru
   takes b as it is, ``db = aᵀ dc`` takes a transposed copy of ``a`` (Gemm reads A row-major)).
 
 The ops take what the kernels take (head dims 64/128/256 forward and backward; |scale| <= 1 for
-the backward); anything else is refused with the kernels' messages when the op runs.
+the backward; matmul / linear pad K or N that is not a multiple of 8 with zeros); anything else is refused with
+the kernels' messages when the op runs.
 """
 import math  # (no "from __future__ import annotations": custom_op reads the signature's annotations as types)
 

@@ -253,6 +253,19 @@ HOST = {
                                          TensorMapError, "its rows must start on 4-byte boundaries"),
     "AttentionBackward lse float16": (lambda: K.AttentionBackward(*_backward_arrays(lse=np.float16)),
                                       TensorMapError, "it must be the forward's float32 log-sum-exp"),
+    "AttentionBackward dq_split keys at 256": (lambda: K.AttentionBackward(*_backward_arrays(d=256), dq_split="keys"),
+                                               TensorMapError, "dq_split='keys' is not a choice at head dim 256"),
+    "AttentionBackward deterministic atomic": (lambda: K.AttentionBackward(*_backward_arrays(), deterministic=True,
+                                                                           dq_reduce="atomic"),
+                                               TensorMapError, "it cannot order dq_reduce='atomic'"),
+    "AttentionBackward pingpong 1": (lambda: K.AttentionBackward(*_backward_arrays(), pingpong=1), TensorMapError,
+                                     "pingpong must be True or False, got 1"),
+    "AttentionBackward kv_stages 3": (lambda: K.AttentionBackward(*_backward_arrays(), kv_stages=3), TensorMapError,
+                                      "kv_stages must be an int"),
+    "AttentionBackward kv_stages 2 at 256": (lambda: K.AttentionBackward(*_backward_arrays(d=256), kv_stages=2),
+                                             TensorMapError, "kv_stages=2 with head dim 256 need"),
+    "tile_handoff barrier 16": (lambda: numbatma.intrinsics.tile_handoff(2, 16), ValueError,
+                                "a barrier id in 1..15, got consumers=2, barrier=16"),
     "wait_release lag 8": (lambda: numbatma.intrinsics.wait_release(8), ValueError, "lag must be an int in 0..7"),
     "persistent_grid sms 0": (lambda: numbatma.intrinsics.persistent_grid(10, 0), ValueError,
                               "sms must be an int >= 1, got 0"),
@@ -279,12 +292,14 @@ def _backward_arrays(d=64, dq_shift=0, lse=np.float32):
 
 @pytest.fixture(autouse=True)
 def _no_gpu_scratch(monkeypatch):
-    """AttentionBackward's float32 work arrays as stand-ins (no GPU here)."""
+    """AttentionBackward's work arrays (float32 statistics and dq accumulator, int32 turn counters) as stand-ins
+    (no GPU here)."""
     import importlib
+    import itertools
 
-    ptrs = iter(range(50, 60))
+    ptrs = itertools.count(1)
     monkeypatch.setattr(importlib.import_module("numbatma.kernels.attention_backward"), "_scratch",
-                        lambda q, shape: F(shape, np.float32, ptr=1 << next(ptrs)))
+                        lambda q, shape, dtype=np.float32: F(shape, dtype, ptr=next(ptrs) << 44))
 
 
 @pytest.mark.parametrize("case", list(HOST), ids=list(HOST))
