@@ -380,8 +380,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
 
     @cuda.jit(device=True, inline="always")
     def producer(args):
-        """One elected thread: per item K and V (one stage), then Q and dO of every query block of every query head
-        of the group that sees the item's keys."""
+        """One elected thread: per item K and V (into the next of ``kv_stages`` stages), then Q and dO of every
+        query block of every query head of the group that sees the item's keys."""
         (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
          batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
@@ -500,7 +500,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dq = wgmma_wait_group(1, dq)
                     nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg, sq,
                                       dq_col0)
-                    for cc in range(1, dq_chunks):  # (D = 256: the second 64-wide chunk)
+                    for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
@@ -678,7 +678,7 @@ class AttentionBackward(Plan):
                 raise TensorMapError(f"{op}: {name} is a {lay.name}; its head dim must be contiguous.")
         for name in ("o", "do", "dq"):  # (read / written as pairs of elements, 4-byte words, by the row kernels)
             lay = hm[name]
-            if lay.ptr % 4 or any(st % 4 for st in lay.strides[:3]):
+            if not _aligned(lay, 4):
                 raise TensorMapError(f"{op}: {name} is a {lay.name} starting at byte {lay.ptr % 16} of a 16-byte "
                                      f"unit with byte strides {lay.strides}: its rows must start on 4-byte "
                                      f"boundaries (the row kernels move pairs of elements)")
