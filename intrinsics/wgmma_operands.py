@@ -358,21 +358,18 @@ def _sim_desc(tile, tmap, major, mn, k):
                   f"wgmma would read scrambled rows. Pass the TensorMap that loaded the tile")
     kstep = KINDS[layout.kind][0]
     mn_step = 8 if layout.major == "K" else layout.width
+    mn = int(mn)
+    if mn < 0 or mn % mn_step or mn >= layout.mn_extent:
+        error(f"mn must be a non-negative multiple of {mn_step} inside the operand's {layout.mn_extent} elements "
+              f"along M/N, got {mn}")
     if isinstance(k, tuple):  # a range of k-steps: one operand per step
         if len(k) != 2 or int(k[0]) < 0 or int(k[0]) % kstep or int(k[1]) <= int(k[0]) \
                 or (int(k[1]) - int(k[0])) % kstep or int(k[1]) > layout.k_extent:
             error(f"k=({k[0]}, {k[1]}) must be a range of whole {layout.kind} k-steps of {kstep} inside the operand's "
                   f"K extent {layout.k_extent}")
-        mn = int(mn)
-        if mn < 0 or mn % mn_step or mn >= layout.mn_extent:
-            error(f"mn must be a non-negative multiple of {mn_step} inside the operand's {layout.mn_extent} elements "
-                  f"along M/N, got {mn}")
         site = sim().caller_site()  # (the tile, its layout and swizzle checked once for every step of the range)
         return SimOperandRange([SimOperand(tile, layout, mn, k0, site) for k0 in range(int(k[0]), int(k[1]), kstep)])
-    mn, k = int(mn), int(k)
-    if mn < 0 or mn % mn_step or mn >= layout.mn_extent:
-        error(f"mn must be a non-negative multiple of {mn_step} inside the operand's {layout.mn_extent} elements "
-              f"along M/N, got {mn}")
+    k = int(k)
     if k < 0 or k % kstep or k + kstep > layout.k_extent:
         error(f"k must be a non-negative multiple of {kstep} with a whole k-step inside the operand's K extent "
               f"{layout.k_extent}, got {k}")
