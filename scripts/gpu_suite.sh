@@ -108,15 +108,20 @@ fi
 if [[ $parts == *" sweep "* ]]; then  # option sweeps used to pick the kernels' defaults (not in the default parts)
   timeout 500 python3 "$repo/benchmarks/sweep_options.py" ${SWEEP_ARGS:-} 2>&1 | grep -v Warn | tee "$out/sweep.log"
 fi
+# ncu_sections TIMEOUT LOG EXTRA_SECTION SCRIPT [ARGS...]: one launch each of numbatma's kernels and its peer's,
+# under Nsight Compute with the sections every profile part reads (plus one of its own)
+ncu_sections() {
+  local limit=$1 log=$2 extra=$3 script=$4; shift 4
+  timeout "$limit" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section "$extra" \
+    python3 "$repo/scripts/$script" "$@" 2>&1 | tee "$out/$log"
+}
 if [[ $parts == *" attnprofile "* ]]; then  # where attention's time goes: numbatma vs cuDNN under ncu (one launch each)
-  timeout ${ATTN_PROFILE_TIMEOUT:-240} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
-    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section Occupancy \
-    python3 "$repo/scripts/profile_attention.py" ${ATTN_PROFILE_ARGS:-} 2>&1 | tee "$out/attention_profile.log"
+  ncu_sections ${ATTN_PROFILE_TIMEOUT:-240} attention_profile.log Occupancy profile_attention.py ${ATTN_PROFILE_ARGS:-}
 fi
 if [[ $parts == *" bwdprofile "* ]]; then  # where attention backward's time goes: numbatma vs cuDNN under ncu
-  timeout ${BWD_PROFILE_TIMEOUT:-240} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
-    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section MemoryWorkloadAnalysis \
-    python3 "$repo/scripts/profile_attention_backward.py" ${BWD_PROFILE_ARGS:-} 2>&1 | tee "$out/attention_backward_profile.log"
+  ncu_sections ${BWD_PROFILE_TIMEOUT:-240} attention_backward_profile.log MemoryWorkloadAnalysis \
+    profile_attention_backward.py ${BWD_PROFILE_ARGS:-}
 fi
 if [[ $parts == *" profile "* ]]; then  # hardware counters of the bandwidth kernels (ncu, not in the default parts)
   m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum
