@@ -18,6 +18,17 @@ from numbatma.kernels import AttentionBackward
 backward_module = importlib.import_module("numbatma.kernels.attention_backward")
 
 
+def main_sass(plan):
+    """SASS of the plan's main kernel for sm_90a under the launch's register cap (168)."""
+    return sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
+
+
+def wgmma_ops(text):
+    """The HGMMA and WARPGROUP.DEPBAR (wgmma wait) opcodes of a SASS listing, in order."""
+    return [line.split("*/")[1].split(";")[0].split()[0] for line in text.splitlines()
+            if "*/" in line and ("HGMMA" in line or "WARPGROUP.DEPBAR" in line)]
+
+
 @pytest.fixture(autouse=True)
 def no_gpu_scratch(monkeypatch):
     """The plan's float32 work arrays as stand-ins (no GPU here)."""
@@ -81,9 +92,8 @@ def test_other_head_dims_and_uneven_groups_are_refused():
 
 def test_the_kernel_compiles_without_local_memory():
     plan = AttentionBackward(*arrays(d=64), causal=False)
-    text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
-    ops = [line.split("*/")[1].split(";")[0].split()[0] for line in text.splitlines()
-           if "*/" in line and "HGMMA" in line]
+    text = main_sass(plan)
+    ops = wgmma_ops(text)
     assert ops.count("HGMMA.64x64x16.F32") == 20  # Sᵀ, dPᵀ: 4 k-steps each; dV, dK: 4 each; dQ: 4
     assert "STL" not in text and "LDL" not in text, "local memory in the backward kernel"
     assert text.count("USETMAXREG") == 2 and "UTMAREDG.4D.ADD" in text and "UTMALDG" in text  # (dQ: TMA reduce-add)
@@ -95,11 +105,10 @@ def test_local_memory_at_head_dims_128_and_256_stays_within_its_pin(d, spills):
     count measured on 2026-11-28, so that a change that adds spills - as a constant flag in an inlined helper once
     doubled them - fails here, and wgmma stays unserialized (one wait per commit group, not per instruction)."""
     plan = AttentionBackward(*arrays(d=d), causal=False)
-    text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
+    text = main_sass(plan)
     local = text.count("STL") + text.count("LDL")
     assert local <= spills, f"{local} local-memory instructions at D = {d} (pinned at {spills})"
-    ops = [line.split("*/")[1].split(";")[0].split()[0] for line in text.splitlines()
-           if "*/" in line and ("HGMMA" in line or "WARPGROUP.DEPBAR" in line)]
+    ops = wgmma_ops(text)
     assert ops.count("WARPGROUP.DEPBAR.LE") <= 8, "wgmma serialized"
 
 
@@ -141,15 +150,14 @@ def test_the_deterministic_variant_compiles_without_serializing():
     reduce-adds, waits for the additions and counts them (an atomic add); the wgmma products stay back to back.
     (D = 64 here, the quickest build; the GPU tests run all three head dims.)"""
     plan = AttentionBackward(*arrays(d=64), deterministic=True)
-    text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
+    text = main_sass(plan)
     assert "UTMAREDG.4D.ADD" in text and "ATOMG.E.ADD" in text or "ATOM.E.ADD" in text
-    ops = [line.split("*/")[1].split(";")[0].split()[0] for line in text.splitlines()
-           if "*/" in line and ("HGMMA" in line or "WARPGROUP.DEPBAR" in line)]
+    ops = wgmma_ops(text)
     assert ops.count("WARPGROUP.DEPBAR.LE") < ops.count("HGMMA.64x64x16.F32") // 4, "wgmma serialized"
 
 
 def test_the_atomic_dq_variant_compiles():
     """``dq_reduce="atomic"`` (the benchmark's comparison): one red.global.add.f32 per dQ element, no TMA reduce."""
     plan = AttentionBackward(*arrays(d=64), dq_reduce="atomic")
-    text = sass(compile_cubin(plan.kernel.py_func, tuple(typeof(a) for a in plan.args), max_registers=168))
+    text = main_sass(plan)
     assert "REDG.E.ADD.F32" in text and "UTMAREDG" not in text
