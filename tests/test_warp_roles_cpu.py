@@ -1,13 +1,18 @@
 """CPU: the host side of numbatma.intrinsics.warp_roles - register budgets (the arithmetic and its refusals), the
 grouped tile order (a bijection that walks group_m tile rows at a time), persistent grids, and the factories'
 refusals; that the tensor-core kernels take their roles, turns and barriers from these blocks. (The device blocks
-are compiled and checked through Gemm and Attention: tests/test_gemm_cpu.py, tests/test_attention_cpu.py.)"""
+are compiled and checked through Gemm and Attention: tests/test_gemm_cpu.py, tests/test_attention_cpu.py; tile_handoff
+also on its own, for every target.)"""
 import ast
 import pathlib
 import re
 
+import numpy as np
 import pytest
+from numba import cuda
+from numba.cuda import types
 
+import numbatma.compile as nbc
 from numbatma.intrinsics import (lagged_release, persistent_grid, pingpong, register_budget, store_buffers,
                                  tile_handoff, tile_origin, wait_release)
 
@@ -97,3 +102,25 @@ def test_tensor_core_kernels_take_their_skeleton_from_warp_roles(name):
 def test_the_skeleton_scan_finds_a_planted_call():
     assert raw_skeleton_calls("def f():\n    setmaxnreg_inc(232)\n    named_barrier_sync(1, 128)\n") == [
         "named_barrier_sync", "setmaxnreg_inc"]
+
+
+def _handoff_kernel(out):
+    tile = cuda.shared.array((2, 128), np.int32)
+    c = cuda.threadIdx.x // 128
+    tw = cuda.threadIdx.x % 128
+    tile[c, tw] = tw
+    HANDOFF.all()
+    out[c, tw] = tile[1 - c, tw]
+    HANDOFF.own(c)
+
+
+HANDOFF = tile_handoff(2)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_120a"])
+def test_tile_handoff_compiles_and_links_for_every_target(arch):
+    """own / all: fence.proxy.async.shared::cta, then bar.sync on the warpgroup's id (1 + c) or on id 5 for 256."""
+    ptx = nbc.compile_ptx(_handoff_kernel, (types.int32[:, ::1],), arch=arch)
+    assert ptx.count("fence.proxy.async.shared::cta") == 2 and "bar.sync" in ptx
+    text = nbc.sass(nbc.link_cubin(ptx, arch=arch))
+    assert "BAR.SYNC" in text and "STL" not in text and "LDL" not in text
