@@ -91,6 +91,7 @@ class Ptx:
     targets: tuple | None = None
     inout: tuple | None = None
     instead: str = ""
+    pure: bool = False  # no side effect: LLVM may merge, hoist or drop it like arithmetic (``memory`` must be False)
     names: tuple = field(init=False, default=())
 
     def __post_init__(self):
@@ -102,6 +103,8 @@ class Ptx:
             raise ValueError(f"Ptx {self.text!r}: operands used {sorted(used)} != declared {sorted(declared)}")
         if self.out and self.inout:
             raise ValueError(f"Ptx {self.text!r}: give out or inout, not both")
+        if self.pure and (self.memory or not self.out):
+            raise ValueError(f"Ptx {self.text!r}: a pure instruction has an output and touches no memory")
         if self.targets is not None and not set(self.targets) <= set(TARGETS):
             raise ValueError(f"Ptx {self.text!r}: targets {self.targets} not among {TARGETS}")
 
@@ -180,7 +183,7 @@ class Ptx:
         else:
             ret_ty = ir.LiteralStructType(ret_types)
         fnty = ir.FunctionType(ret_ty, [a.type for a in args])
-        asm = ir.InlineAsm(fnty, self.render(**imm), ",".join(constraints), side_effect=True)
+        asm = ir.InlineAsm(fnty, self.render(**imm), ",".join(constraints), side_effect=not self.pure)
         return builder.call(asm, args)
 
 

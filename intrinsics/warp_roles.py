@@ -314,7 +314,7 @@ buffer, ``publish(c, tw)`` after (True in the thread that then TMA-stores it and
 
 
 @functools.lru_cache(maxsize=None)
-def store_buffers(count):
+def store_buffers(count, wait_in_publish=False):
     """An epilogue's rotating shared buffers (``count`` per consumer warpgroup, 1..8), written by a warpgroup
     (``wgmma_store``) and TMA-stored by its first thread: the buffer of chunk ``j`` is ``j % count``.
 
@@ -325,11 +325,37 @@ def store_buffers(count):
       visible to TMA), the warpgroup synchronises; returns ``tw == 0``: that thread issues ``tma_store`` (only
       inside the destination: see ``numbatma.kernels``' exact stores) and ``bulk_commit_group()``.
 
+    ``wait_in_publish=True`` (``count`` >= 2): one barrier per chunk instead of two. ``publish``'s thread 0 waits,
+    before the barrier, until the stores up to ``count - 1`` chunks back have read their buffers
+    (``bulk_wait_group_read(count - 2)``), so after that barrier the next chunk's buffer is free and ``acquire``
+    does nothing. The wait comes one chunk earlier than ``acquire``'s (the store it waits for was issued a
+    chunk ago rather than two): the right trade where a chunk takes long to compute (attention backward's dQ:
+    one per query block), not for a burst of chunks (a GEMM epilogue).
+
     The caller guarantees thread 0 commits one bulk group per chunk and calls ``bulk_wait_group(0)`` before
     the kernel ends."""
     if not isinstance(count, int) or not 1 <= count <= 8:
         raise ValueError(f"store_buffers: count must be an int in 1..8, got {count!r}")
+    if wait_in_publish and count < 2:
+        raise ValueError("store_buffers: wait_in_publish needs count >= 2 (with one buffer the next chunk's "
+                         "store must wait for the last one to be read before it is written: acquire's barrier)")
     pending = count - 1
+    earlier = count - 2  # (wait_in_publish: the stores that may still be reading when a chunk is published)
+
+    if wait_in_publish:
+        @cuda.jit(device=True, inline="always")
+        def acquire(c, tw):
+            pass  # (the last publish's barrier came after the read of this buffer's previous store)
+
+        @cuda.jit(device=True, inline="always")
+        def publish(c, tw):
+            fence_proxy_async_shared_cta()
+            if tw == 0:
+                bulk_wait_group_read(earlier)
+            warpgroup_sync(c)
+            return tw == 0
+
+        return StoreBuffers(acquire, publish)
 
     @cuda.jit(device=True, inline="always")
     def acquire(c, tw):

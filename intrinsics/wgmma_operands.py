@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._asm import Ptx
 from ._define import SIMULATING, device_op, fail, require_int, require_shared, sim
 from .tma import tile_load_swizzles
 
@@ -309,11 +310,19 @@ def wgmma_desc(typingctx, tile, tmap, major, mn, k):
             off = builder.add(off, builder.mul(k_v, c(layout.pitch)))
         addr = builder.add(base, off)
         start = builder.lshr(builder.and_(addr, c(0x3FFFF)), c(4))
+        start = PTX["wgmma_desc"].emit(builder, start=start)  # (32-bit from here on: see the table's note)
         return builder.or_(builder.zext(start, I64), ir.Constant(I64, fields))
 
     return result(tile, tmap, major, mn, k), codegen
 
-PTX = {}  # (wgmma_desc emits no instruction: integer arithmetic on the tile's shared address)
+PTX = {
+    # wgmma_desc is integer arithmetic on the tile's 32-bit shared address; this move (ptxas drops it) only
+    # keeps LLVM from redoing that arithmetic on the 64-bit pointer when it folds the final zero-extension:
+    # ptxas then shifts both halves (SHF.R.U64) and keeps the address's high word alive - a register that a
+    # kernel near its budget spills (AttentionBackward's loop: a local load before each descriptor)
+    "wgmma_desc": Ptx("mov.b32 $out, $start;", ins=(("start", "b32"),), out=("out", "b32"), memory=False,
+                      pure=True),
+}
 
 
 # =============================================================================================================

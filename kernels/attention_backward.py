@@ -42,7 +42,7 @@ Three kernels, launched in order on one stream:
    of dq allows, 32-bit index arithmetic; the preprocess likewise).
 
 ``deterministic=True``: dq's additions into each query block in ascending key-block order (a turn counter per
-query block; see ``add_dq_chunk``), bitwise reproducible, 0.33-0.66x the default's speed so far.
+query block; see ``send_dq``), bitwise reproducible, 0.33-0.66x the default's speed so far.
 
 Not yet here (issue 26): the overlap of one consumer's softmax with the other's products (the dSᵀ barrier keeps them
 in step), |scale| > 1 (the forward's "exact" softmax mode).
@@ -281,7 +281,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     ds_base = q_base + 2 * stages * q_elems  # dSᵀ of a query block: buffer u (by step parity), keys 64 j.. (D = 256:
     # consumer j's copy) at ds_base + (2 u + j) box
     dq_elems = BQ * CHUNK  # a staged dQ chunk: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
-    dq_out = store_buffers(dq_buffers)  # (written by the warpgroup, TMA-reduced into dq's accumulator by its thread 0)
+    # (written by the warpgroup, TMA-reduced into dq's accumulator by its thread 0; one barrier a chunk)
+    dq_out = store_buffers(dq_buffers, wait_in_publish=dq_buffers >= 2)
     stats_elems = 2 * stages * BQ  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
     dq_stage_elems = 2 * dq_buffers * dq_elems  # (static: each consumer's rotating dQ chunks)
 
@@ -294,9 +295,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     @cuda.jit(device=True, inline="always")
     def weights_masked(s, half, col, ex):
         """:func:`weights`, 0 for key ``key0 + 8 half`` past the keys or, causal, after query ``m0 + col``."""
-        c, lse2, key0, m0, sk = ex
-        key = key0 + 8 * half
-        if key >= sk or (causal and key > m0 + col):
+        c, lse2, key0, m0, sk = ex  # (int32: numba would widen the comparisons to 64 bits, two instructions each)
+        key = int32(key0 + 8 * half)
+        if key >= sk or (causal and key > int32(m0 + col)):
             return ZERO
         return fast_exp2(s * c - lse2[col])
 
@@ -348,22 +349,33 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         return wgmma(dq, wgmma_desc(ds_hi, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_hi, k_map, "MN", 0, (0, BQ)), 1)
 
     @cuda.jit(device=True, inline="always")
-    def add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg, sq, col0):
-        """Add the 64 x 64 chunk ``dq`` (query rows ``m0 ..``, columns ``col0 ..``) into dq's float32 accumulator:
-        staged in the consumer's next rotating buffer and TMA reduce-added by its thread 0 (or, atomic, one
-        ``red.global.add.f32`` an element); returns the chunks staged so far.
+    def stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, col0):
+        """The first half of adding the 64 x 64 chunk ``dq`` (query rows ``m0 ..``, columns ``col0 ..``) into dq's
+        float32 accumulator: written into the consumer's next rotating staging buffer (``nd`` chunks staged
+        before it), for :func:`send_dq` to reduce-add - or, ``dq_reduce="atomic"``, added right here with one
+        ``red.global.add.f32`` an element."""
+        if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
+            wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
+        else:
+            dq_out.acquire(w, tw)  # (one staging buffer: the reduce that last read it has read it)
+            wgmma_store(dq, shared_view(dq_stage, int32((w * dq_buffers + nd % dq_buffers) * dq_elems), (2, BQ, 32)),
+                        dq_map, 0, 0)
+
+    @cuda.jit(device=True, inline="always")
+    def send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, col0):
+        """The second half: the staged chunk ``nd`` made visible to TMA and reduce-added by thread 0 (one
+        barrier of the warpgroup: ``store_buffers(wait_in_publish=True)``); returns the chunks staged so far.
+        Called after the step's dV and dK products have completed where there is one chunk per step, so the
+        staging stores drain under them instead of stalling the fence.
 
         ``deterministic``: the adds into a query block go in ascending key-block order. Thread 0 first waits until
         the block's turn counter reaches ``turn`` = ``adds`` x the item's key block (every earlier key block's adds
         done) + at D = 64 (and ``dq_split="keys"``) consumer 0's chunks for consumer 1 (their chunks overlap), then
         reduce-adds, waits for the additions and counts them: one order whatever the timing. (An item only waits
         for items of its head with lower key blocks: earlier in every CTA's order, never in a later round.)"""
-        if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
-            wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
+        if dq_reduce == "atomic":
             return nd
-        at = (w * dq_buffers + nd % dq_buffers) * dq_elems
-        dq_out.acquire(w, tw)  # (the reduce that last read this buffer has read it)
-        wgmma_store(dq, shared_view(dq_stage, at, (2, BQ, 32)), dq_map, 0, 0)
+        at = int32((w * dq_buffers + nd % dq_buffers) * dq_elems)
         if dq_out.publish(w, tw):
             if deterministic:
                 while cuda.atomic.add(turns, (b, h, m0 // BQ), 0) < turn:
@@ -427,6 +439,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         step = 0  # query blocks so far (the dSᵀ buffer)
         nd = 0  # dQ chunks staged so far (the rotating staging buffer)
         active = cuda.blockIdx.x < items  # (the CTA has work: both consumers take the same turns)
+        sk32 = int32(sk)
         if take_turns:
             turn_start(w, active)
         for r in range(rounds):
@@ -435,8 +448,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                 break
             b, g, n0 = backward_item(t, hk, nkb, kb)
             k0 = n0 if halves else n0 + BQ * w  # the consumer's first key
-            key0 = k0 + row_in_wg
-            key_hi = k0 + BQ - 1  # the consumer's last key (warp-uniform: the masks' branch)
+            key0 = int32(k0 + row_in_wg)
+            key_hi = int32(k0 + BQ - 1)  # the consumer's last key (warp-uniform: the masks' branch)
             # (deterministic: the adds to a query block's dQ before this consumer's - every lower key block's, and
             # at D = 64 consumer 0's before consumer 1's)
             turn = adds * (n0 // kb) + (w * dq_chunks if own_keys else 0)
@@ -449,10 +462,11 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             for hh in range(group):
                 h = g * group + hh
                 for i in range(first, nqb):
-                    m0 = i * BQ
+                    m0 = int32(i * BQ)
                     s = qpipe.consumer_wait()
-                    q_all = shared_view(smem, q_base + 2 * s * q_elems, (chunks, BQ, CHUNK))
-                    do_all = shared_view(smem, q_base + (2 * s + 1) * q_elems, (chunks, BQ, CHUNK))
+                    q_at = int32(q_base + 2 * s * q_elems)  # (32-bit offsets: shared memory is a 32-bit window)
+                    q_all = shared_view(smem, q_at, (chunks, BQ, CHUNK))
+                    do_all = shared_view(smem, int32(q_at + q_elems), (chunks, BQ, CHUNK))
                     # Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (64 keys x 64 queries, the head dim as K), two groups: P is computed
                     # while dPᵀ runs (and the lse values P needs are dead before dPᵀ's registers fill)
                     if take_turns:
@@ -468,8 +482,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                         pass_turn(w)  # the other's turn
                     lse2 = shared_view(stats, 2 * s * BQ, (BQ,))
                     st = wgmma_wait_group(1, st)
-                    if key_hi >= sk or (causal and key_hi > m0):  # (a ragged key block, the causal diagonal)
-                        p = wgmma_map(st, weights_masked, (c, lse2, key0, m0, sk))
+                    if key_hi >= sk32 or (causal and key_hi > m0):  # (a ragged key block, the causal diagonal)
+                        p = wgmma_map(st, weights_masked, (c, lse2, key0, m0, sk32))
                     else:
                         p = wgmma_map(st, weights, (c, lse2))
                     dpt = wgmma_wait_group(0, dpt)
@@ -492,24 +506,24 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dq = wgmma_fence(wgmma_zeros(CHUNK))
                     dq = dq_product(smem, kvo, dq, u, w, 0, q_map, k_map)
                     wgmma_commit_group()
-                    do_own = shared_view(smem, q_base + (2 * s + 1) * q_elems + c0 * box, (own, BQ, CHUNK))
-                    q_own = shared_view(smem, q_base + 2 * s * q_elems + c0 * box, (own, BQ, CHUNK))
+                    do_own = shared_view(smem, int32(q_at + q_elems + c0 * box), (own, BQ, CHUNK))
+                    q_own = shared_view(smem, int32(q_at + c0 * box), (own, BQ, CHUNK))
                     dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
                     dq = wgmma_wait_group(1, dq)
-                    nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg, sq,
-                                      dq_col0)
+                    stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
+                        nd = send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, dq_col0 + CHUNK * (cc - 1))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        nd = add_dq_chunk(dq, nd, dq_stage, dq_map, dqacc, turns, turn, w, tw, b, h, m0, row_in_wg,
-                                          sq, dq_col0 + CHUNK * cc)
+                        stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0 + CHUNK * cc)
                     dvacc, dkacc, pf, dsf = wgmma_wait_group(0, (dvacc, dkacc, pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
+                    nd = send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, dq_col0 + CHUNK * (dq_chunks - 1))
             if lane == 0:
                 kvpipe.consumer_release()
             dkacc = wgmma_map(dkacc, times, scale)

@@ -7,6 +7,7 @@
 #                                                        # attnprofile: ncu over scripts/profile_attention.py;
 #                                                        # backward: benchmarks/attention_backward.py;
 #                                                        # bwdprofile: ncu over scripts/profile_attention_backward.py;
+#                                                        # bwdsource: its main kernel's stall samples per SASS line;
 #                                                        # train: examples/torch/train_block.py)
 #   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
@@ -122,6 +123,13 @@ fi
 if [[ $parts == *" bwdprofile "* ]]; then  # where attention backward's time goes: numbatma vs cuDNN under ncu
   ncu_sections ${BWD_PROFILE_TIMEOUT:-240} attention_backward_profile.log MemoryWorkloadAnalysis \
     profile_attention_backward.py ${BWD_PROFILE_ARGS:-}
+fi
+if [[ $parts == *" bwdsource "* ]]; then  # the backward's main kernel, per SASS instruction: where its warps stall
+  timeout ${BWD_PROFILE_TIMEOUT:-240} ncu --clock-control none --profile-from-start off -k regex:attention_backward_kernel \
+    --section WarpStateStats --section SourceCounters -o /tmp/bwdsource \
+    python3 "$repo/scripts/profile_attention_backward.py" ${BWD_PROFILE_ARGS:-} > "$out/bwd_source_run.log" 2>&1
+  ncu --import /tmp/bwdsource.ncu-rep --page details > "$out/bwd_source_details.log" 2>&1
+  ncu --import /tmp/bwdsource.ncu-rep --page source --print-source sass --csv > "$out/bwd_source.csv" 2>&1
 fi
 if [[ $parts == *" profile "* ]]; then  # hardware counters of the bandwidth kernels (ncu, not in the default parts)
   m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum

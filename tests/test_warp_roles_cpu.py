@@ -62,6 +62,8 @@ def test_factories_refuse_bad_constants():
         lagged_release(8)
     with pytest.raises(ValueError, match="count must be an int in 1..8, got 0"):
         store_buffers(0)
+    with pytest.raises(ValueError, match=r"wait_in_publish needs count >= 2"):
+        store_buffers(1, wait_in_publish=True)
     with pytest.raises(ValueError, match=r"consumers >= 2 .*got consumers=1"):
         pingpong(1)
     with pytest.raises(ValueError, match=r"within 1..15, got consumers=2, first_barrier=15"):
@@ -76,6 +78,7 @@ def test_factories_refuse_bad_constants():
     with pytest.raises(ValueError, match=r"tile_handoff: .*got consumers=0"):
         tile_handoff(0)
     assert len(pingpong(2)) == 4 and len(lagged_release(1)) == 2 and len(store_buffers(2)) == 2
+    assert store_buffers(2, wait_in_publish=True) is not store_buffers(2)  # (another pair of device functions)
     assert len(tile_handoff(2)) == 2 and tile_handoff(2) is tile_handoff(2)
     assert wait_release(1) is wait_release(1)  # (one device function per constant: kernels share its compile)
 
