@@ -14,7 +14,7 @@ QUICK_FILES = frozenset({
     # host validation, plans and their rules, error messages
     "test_host_rules_cpu.py", "test_plan_rules_cpu.py", "test_tensormap_validation.py", "test_launch_params.py",
     "test_kernel_plans_cpu.py", "test_plan_cache_cpu.py", "test_devices_cpu.py", "test_import_graph.py",
-    "test_ptx_registry.py", "test_typing_messages_cpu.py", "test_error_battery.py",
+    "test_ptx_registry.py", "test_typing_messages_cpu.py", "test_error_battery.py", "test_attention_reference_cpu.py",
     # PTX, link and SASS checks: every intrinsic in PTX and linked for each target, TMA, descriptor, wgmma, swizzle
     "test_compile.py", "test_accumulator_cpu.py", "test_descriptor_cpu.py", "test_wgmma_cpu.py",
     "test_tma_ops_cpu.py", "test_swizzle_cpu.py",

@@ -2,7 +2,8 @@
 scaled_dot_product_attention in float32, on the same bfloat16 / float16 inputs (fresh random data): dq, dk, dv for
 head dims 64, 128 and 256, causal and not, lengths 1, 17, 1000, 4097, different query and key lengths, grouped-query
 heads (dk and dv summed over a group), both layouts, the scale; the outputs NaN-poisoned first, and written through
-views inside larger buffers whose margins must keep their sentinel.
+views inside larger buffers whose margins must keep their sentinel. And (issue 26, at the end) the gradients against
+float64 finite differences of the forward itself, on tiny cases (tests/attention_reference.py).
 
 Tolerance: P and dS enter the tensor cores rounded to the input type (half an ulp relative each), the outputs are
 rounded once more; |grad - ref| <= 4 ulp(dtype) · max|ref| + 1e-3 · max|ref| covers that with room, and a wrong
@@ -173,3 +174,42 @@ def test_deterministic_mode_gives_the_same_bits_twice(d):
         scale_ref = ref.abs().max().item()
         err = (got.float() - ref).abs().max().item()
         assert err <= (4 * ULP["bfloat16"] + 1e-3) * scale_ref, f"{name}: max error {err:.3g}"
+
+
+# -- issue 26: gradcheck-style finite differences in float64 (tests/attention_reference.py) -----------------------
+import numpy as np  # noqa: E402
+
+from attention_reference import FD_C, fd_directional_check, fd_ratios, fd_table  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("b, hq, hk, sq, sk", [(1, 2, 1, 17, 33), (2, 4, 2, 33, 17)])
+def test_gradients_match_finite_differences(b, hq, hk, sq, sk, d, causal, dtype):
+    """The gradients are those of the forward itself, independently of torch's autograd: central differences of
+    the float64 loss sum(attention(q, k, v) · dO) at the 16-bit inputs, along the gradients' own directions and
+    random ones (fd_directional_check), within fd_tolerance at the ulp of ``dtype`` - a few ulp of the gradients'
+    norm, tighter by sqrt(N) / 6 along random directions. Grouped-query heads, ragged lengths (fewer keys than
+    queries too), every head dim. And the check has teeth at this shape and type: the same dk scaled by
+    1 + 3 FD_C ulp fails it."""
+    torch.manual_seed(1000 * sq + d + causal)
+    t = TORCH[dtype]
+    q, do = (torch.randn((b, hq, sq, d), device="cuda", dtype=torch.float32).to(t) for _ in range(2))
+    k, v = (torch.randn((b, hk, sk, d), device="cuda", dtype=torch.float32).to(t) for _ in range(2))
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, sq), device="cuda", dtype=torch.float32)
+    fwd = Attention(q, k, v, o, lse, causal=causal)
+    fwd.launch()
+    grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+    AttentionBackward(q, k, v, o, do, lse, *grads, causal=causal).launch()
+    torch.cuda.synchronize()
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert not torch.isnan(g).any(), f"{name}: {int(torch.isnan(g).sum())} elements never written"
+    q64, k64, v64, do64, dq, dk, dv = (x.double().cpu().numpy() for x in (q, k, v, do, *grads))
+    ulp = ULP[dtype]
+    checks = fd_directional_check(q64, k64, v64, do64, dq, dk, dv, causal, fwd.scale, np.random.default_rng(d))
+    assert fd_ratios(checks, ulp).max() <= 1, fd_table(checks, ulp)
+    off = fd_directional_check(q64, k64, v64, do64, dq, dk * (1 + 3 * FD_C * ulp), dv, causal, fwd.scale,
+                               np.random.default_rng(d))
+    assert fd_ratios(off, ulp).max() > 1, "dk scaled by 1 + 3 FD_C ulp passed:\n" + fd_table(off, ulp)

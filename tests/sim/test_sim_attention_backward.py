@@ -9,28 +9,12 @@ from numba import cuda
 
 from numbatma.kernels import Attention, AttentionBackward, _launch, attention_backward
 
+from attention_reference import attention_backward_reference as reference
+
 
 @pytest.fixture(autouse=True)
 def two_sms(monkeypatch):
     monkeypatch.setattr(_launch, "sm_count", lambda *a: 2)  # a persistent grid of 2: several items per CTA
-
-
-def reference(q, k, v, do, causal, scale):
-    """(dq, dk, dv) in float64 from (B, H, S, D) arrays (k, v with fewer heads: repeated, their gradients summed)."""
-    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
-    group = q.shape[1] // k.shape[1]
-    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
-    if causal:
-        s = np.where(np.arange(k.shape[2])[None, :] > np.arange(q.shape[2])[:, None], -np.inf, s)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    o = p @ vr
-    ds = p * (do @ vr.transpose(0, 1, 3, 2) - (do * o).sum(-1, keepdims=True))
-    dq = ds @ kr * scale
-    dk = (ds.transpose(0, 1, 3, 2) @ q * scale).reshape(k.shape[0], k.shape[1], group, *k.shape[2:]).sum(2)
-    dv = (p.transpose(0, 1, 3, 2) @ do).reshape(k.shape[0], k.shape[1], group, *k.shape[2:]).sum(2)
-    return dq, dk, dv
 
 
 CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form)
