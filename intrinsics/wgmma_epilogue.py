@@ -356,8 +356,11 @@ def wgmma_store_global(typingctx, acc, array, row0, col0):
     ``array[row0 + r, col0 + c]`` when that lies inside the array and is skipped otherwise (each element is
     bounds-checked: any M, N, tile origins at the edges or past them). ``array``'s elements: float32, float16 or
     uint16 (bfloat16 bits), converted with round-to-nearest-even (``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32``).
-    Plain ``st.global`` of single elements - the simple way out of registers; a TMA store of a tile filled by
-    :func:`wgmma_store` moves large tiles faster. Call after the covering wait; 1-D blocks (the thread's
+    Plain ``st.global``: where the whole tile lies inside the array, its rows are contiguous and each thread's
+    pairs of adjacent columns are 2-element aligned (the array's address at ``col0`` and its row stride; one
+    check per call), straight-line 4-byte (float32: 8-byte) stores of the pairs; else element by element, each
+    checked - the simple way out of registers; a TMA store of a tile filled by :func:`wgmma_store` moves large
+    tiles faster. Call after the covering wait; 1-D blocks (the thread's
     warpgroup index is ``threadIdx.x % 128``)."""
     op = "wgmma_store_global"
     if not isinstance(acc, WgmmaAccumulatorType):
@@ -389,28 +392,56 @@ def wgmma_store_global(typingctx, acc, array, row0, col0):
         c_base = builder.add(context.cast(builder, args[3], sig.args[3], types.int64),
                              builder.mul(builder.urem(lane, c(4)), c(2)))
         f32, f16, i16 = ir.FloatType(), ir.HalfType(), ir.IntType(16)
-        for block in range(acc.n // 8):
-            for half in (0, 1):
-                row = builder.add(r_base, c(8 * half))
-                row_ok = builder.icmp_unsigned("<", row, shape[0])  # (negative rows wrap to huge: skipped)
-                pair = _fragment_pairs(builder, acc, args[0], block, half)
-                if dst == types.float32:
-                    values = [v if v.type == f32 else builder.fpext(v, f32) for v in pair]
-                elif dst == types.float16 and acc.dtype == "f16":
-                    values = list(pair)
-                else:
-                    lo, hi = [v if v.type == f32 else builder.fpext(v, f32) for v in pair]
-                    word = _PACK["f16" if dst == types.float16 else "bf16"].emit(builder, hi=hi, lo=lo)
-                    values = [builder.trunc(word, i16), builder.trunc(builder.lshr(word, ir.Constant(I32, 16)), i16)]
-                    if dst == types.float16:
-                        values = [builder.bitcast(v, f16) for v in values]
-                for e in (0, 1):
-                    col = builder.add(c_base, c(8 * block + e))
-                    ok = builder.and_(row_ok, builder.icmp_unsigned("<", col, shape[1]))
-                    with cgutils.if_likely(builder, ok):
-                        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=shape,
-                                                        strides=strides, layout=aryty.layout, inds=[row, col])
-                        builder.store(bitcast_to(builder, values[e], ptr.type.pointee), ptr)  # (float16: i16 in arrays)
+        size = 4 if dst == types.float32 else 2
+        wide = ir.IntType(16 * size)  # (a pair of adjacent elements as one integer)
+        row0 = context.cast(builder, args[2], sig.args[2], types.int64)
+        col0 = context.cast(builder, args[3], sig.args[3], types.int64)
+        data = builder.ptrtoint(ary.data, i64)
+        # the fast path: the whole tile inside the array, rows contiguous, pairs 2-element aligned (a pair starts
+        # at an even offset from col0: the array's address at col0 and its row stride decide for every pair)
+        aligned = builder.and_(builder.or_(builder.add(data, builder.mul(col0, c(size))), strides[0]), c(2 * size - 1))
+        inside = [builder.icmp_unsigned("==", strides[1], c(size)), builder.icmp_unsigned("==", aligned, c(0)),
+                  builder.icmp_signed(">=", row0, c(0)), builder.icmp_signed(">=", col0, c(0)),
+                  builder.icmp_signed("<=", builder.add(row0, c(64)), shape[0]),
+                  builder.icmp_signed("<=", builder.add(col0, c(acc.n)), shape[1])]
+        fast = inside[0]
+        for cond in inside[1:]:
+            fast = builder.and_(fast, cond)
+        def pair_values(block, half):  # (the thread's pair in row half ``half`` of 8-column block ``block``)
+            pair = _fragment_pairs(builder, acc, args[0], block, half)
+            if dst == types.float32:
+                return [v if v.type == f32 else builder.fpext(v, f32) for v in pair]
+            if dst == types.float16 and acc.dtype == "f16":
+                return list(pair)
+            lo, hi = [v if v.type == f32 else builder.fpext(v, f32) for v in pair]
+            word = _PACK["f16" if dst == types.float16 else "bf16"].emit(builder, hi=hi, lo=lo)
+            values = [builder.trunc(word, i16), builder.trunc(builder.lshr(word, ir.Constant(I32, 16)), i16)]
+            return [builder.bitcast(v, f16) for v in values] if dst == types.float16 else values
+
+        with builder.if_else(fast, likely=True) as (one_each, checked):
+            with one_each:  # (straight-line stores of pairs, 4 or 8 bytes each: the first element at the lower address)
+                first = builder.add(data, builder.mul(c_base, c(size)))
+                for half in (0, 1):
+                    row_at = builder.add(first, builder.mul(builder.add(r_base, c(8 * half)), strides[0]))
+                    for block in range(acc.n // 8):
+                        bits = [builder.zext(bitcast_to(builder, v, ir.IntType(8 * size)), wide)
+                                for v in pair_values(block, half)]
+                        packed = builder.or_(bits[0], builder.shl(bits[1], ir.Constant(wide, 8 * size)))
+                        at = builder.inttoptr(builder.add(row_at, c(8 * block * size)), wide.as_pointer())
+                        builder.store(packed, at, align=2 * size)
+            with checked:  # (the tile at an edge of the array, or strides that do not allow pairs)
+                for block in range(acc.n // 8):
+                    for half in (0, 1):
+                        row = builder.add(r_base, c(8 * half))
+                        row_ok = builder.icmp_unsigned("<", row, shape[0])  # (negative rows wrap to huge: skipped)
+                        values = pair_values(block, half)
+                        for e in (0, 1):
+                            col = builder.add(c_base, c(8 * block + e))
+                            ok = builder.and_(row_ok, builder.icmp_unsigned("<", col, shape[1]))
+                            with cgutils.if_likely(builder, ok):
+                                ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=shape,
+                                                                strides=strides, layout=aryty.layout, inds=[row, col])
+                                builder.store(bitcast_to(builder, values[e], ptr.type.pointee), ptr)  # (float16: i16)
         return context.get_dummy_value()
 
     return types.void(acc, array, row0, col0), codegen

@@ -35,6 +35,14 @@ def test_store_global_edges(row_origin, col_origin):
     K.run_case(RNG, K.make(n=128, k_steps=2, out="global"), row_origin, col_origin)
 
 
+@pytest.mark.parametrize("out_dtype", ["bf16", "float16", "float32"])
+@pytest.mark.parametrize("row_origin, col_origin", [(0, 0), (3, 4), (5, 1)])
+def test_store_global_tile_inside(row_origin, col_origin, out_dtype):
+    """The tile wholly inside a larger view: straight-line stores of column pairs where the pairs are 2-element
+    aligned (even column origins), element by element where they are not (odd) - the same result either way."""
+    K.run_case(RNG, K.make(n=128, k_steps=2, out="global", out_dtype=out_dtype), row_origin, col_origin, inside=True)
+
+
 def test_small_integers_are_exact():
     """Products and sums of small integers are exact in every format: the results must be exact too."""
     case = K.make(n=64, a="bf16", out="rowcol", k_steps=4)
