@@ -3,8 +3,16 @@ backend and with the flash backend (FA2), bf16, all in one process on one GPU; T
 (halved for causal), and ratios.
 
 Run on the GPU machine:
-    python benchmarks/attention.py [--quick] [--only check,seq,variants,tiles] [--reps 20] [--dims 64,128,256]
-        [--prewarm 14]
+    python benchmarks/attention.py [--quick] [--only check,seq,variants,tiles,backward] [--reps 20] [--dims 64,128,256]
+        [--prewarm 14] [--backward [ARGS...]]
+
+The backward section (``backward``, not in the default sections; ``--backward`` alone selects it) is
+benchmarks/attention_backward.py - AttentionBackward against the backward of SDPA's cuDNN and flash backends, and
+with its ``--step`` the forward + backward of a training step - run from here through that script's own ``main``
+(one benchmark, not a copy): everything after ``--backward`` is its command line (e.g. ``--backward --step --dims
+128``; ``--backward --help`` lists its options), and its JSON goes to $OUT/attention_backward.json (or next to this
+file) unless those arguments name a ``--json``. With forward sections too (``--only seq,backward``) the backward runs
+after them.
 
 Shapes: batch x heads chosen so that B·H·S = 64k tokens (16 heads; batch = 65536 / (16 S), at least 1), sequence
 512..16384, head dims 64/128/256, causal and not, layout (B, H, S, D). Timing with benchmarks/gemm.py's Timer
@@ -167,16 +175,49 @@ def run_case(torch, timer, case, impls, results, tag):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", default=",".join(SECTIONS))
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated sections: {', '.join(SECTIONS)} (the default), tiles, backward")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dims", default="64,128,256")
     parser.add_argument("--seqs", default=None, help="sequence lengths (default 512..16384)")
     parser.add_argument("--prewarm", type=int, default=0, help="compile the tiles' kernels in N processes first")
+    parser.add_argument("--backward", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
+                        help="the backward section (benchmarks/attention_backward.py) with ARGS, everything after "
+                             "--backward (its own options: --backward --help lists them); alone, without --only, "
+                             "it runs the backward section only")
     args = parser.parse_args()
+    default = "backward" if args.backward is not None else ",".join(SECTIONS)
+    sections = (args.only or default).split(",")
+    unknown = set(sections) - set(SECTIONS) - {"tiles", "backward"}
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}: the sections are "
+                     f"{', '.join(SECTIONS)}, tiles, backward")
+    status = forward(args, sections) if set(sections) - {"backward"} else 0
+    if "backward" in sections:
+        backward(args.backward or [])
+    return status
+
+
+def backward(argv):
+    """The backward section: benchmarks/attention_backward.py's ``main`` on ``argv`` (its command line; its parser
+    reads ``sys.argv``, set here for the call), its JSON into $OUT (or next to this file) unless ``argv`` names one."""
+    import attention_backward
+
+    if not any(a == "--json" or a.startswith("--json=") for a in argv):
+        argv = argv + ["--json", os.path.join(os.environ.get("OUT") or HERE, "attention_backward.json")]
+    saved = sys.argv
+    sys.argv = ["attention.py --backward"] + argv  # (argv[0]: the program name its usage line shows)
+    try:
+        attention_backward.main()
+    finally:
+        sys.argv = saved
+
+
+def forward(args, sections):
+    """The forward sections (all but ``backward``): run, summarised, written to $OUT; 1 if a check failed."""
     import torch
 
-    sections = args.only.split(",")
     timer = Timer(torch, args.reps, args.warmup)
     gpu = torch.cuda.get_device_name()
     log(f"GPU: {gpu}; torch {torch.__version__}")

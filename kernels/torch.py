@@ -4,14 +4,19 @@ break: the compiler traces the fake implementations) and inside CUDA graphs (the
 stream). Imported only on request (``import numbatma.kernels.torch``); it needs torch. (It lives in the kernels
 package, not at ``numbatma.torch``: the host package never imports the kernels - tests/test_import_graph.py.)
 
-* :func:`attention` ``(q, k, v, causal=False, scale=None)``: ``softmax(q kᵀ · scale) v`` for (B, H, S, D) tensors as
-  :func:`torch.nn.functional.scaled_dot_product_attention` takes them (k and v may have fewer heads: grouped-query
-  attention), bfloat16 or float16, differentiable: the forward is :class:`numbatma.kernels.Attention` (op
-  ``numbatma::attention_forward``, which also returns the log-sum-exp the backward needs), the backward
-  :class:`numbatma.kernels.AttentionBackward` (op ``numbatma::attention_backward``).
+* :func:`attention` ``(q, k, v, causal=False, scale=None, deterministic=False)``: ``softmax(q kᵀ · scale) v`` for
+  (B, H, S, D) tensors as :func:`torch.nn.functional.scaled_dot_product_attention` takes them (k and v may have
+  fewer heads: grouped-query attention), bfloat16 or float16, differentiable: the forward is
+  :class:`numbatma.kernels.Attention` (op ``numbatma::attention_forward``, which also returns the log-sum-exp the
+  backward needs), the backward :class:`numbatma.kernels.AttentionBackward` (op ``numbatma::attention_backward``).
+  ``deterministic=True`` makes the backward's gradients bitwise reproducible (AttentionBackward's
+  ``deterministic``: dq's additions in a fixed order, slower); both ops take the flag - the forward only carries it
+  to the backward through autograd's context, since ``setup_context`` sees nothing but the op's inputs.
 
 Status (2026-11-28): tests/test_gpu_torch_ops.py passes on an H200 (eager, torch.compile(fullgraph=True), a CUDA
-graph); its case for K and N off the 16-byte grid was added after that run and has not run yet.
+graph); its case for K and N off the 16-byte grid and the one for ``deterministic=True`` were added after that run
+and have not run yet. tests/test_torch_ops_cpu.py checks the ops' schemas, fake implementations and autograd
+plumbing (the flag included, eager and under torch.compile) on the CPU, with stand-in CPU kernels.
 
 * :func:`matmul` ``(a, b)`` (2-D, ``a @ b``) and :func:`linear` ``(x, weight, bias=None)`` (``x @ weightᵀ + bias``,
   x of any leading shape): :class:`numbatma.kernels.Gemm` forward and backward (op ``numbatma::matmul``, with
@@ -30,8 +35,11 @@ __all__ = ["attention", "matmul", "linear"]
 
 
 @torch.library.custom_op("numbatma::attention_forward", mutates_args=(), device_types="cuda")
-def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``o`` and the log-sum-exp of each query row. ``deterministic`` does not change the forward (it is
+    deterministic already): it is an input only so that autograd's ``setup_context``, which sees the op's inputs,
+    can hand it to the backward op."""
     from numbatma.kernels import attention as run_attention
 
     q, k, v = q.detach(), k.detach(), v.detach()  # (the op runs below autograd: the kernels read plain tensors)
@@ -42,54 +50,58 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 
 
 @_attention_forward.register_fake
-def _attention_forward_fake(q, k, v, causal, scale):
+def _attention_forward_fake(q, k, v, causal, scale, deterministic):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(q.shape[:3], dtype=torch.float32))
 
 
 @torch.library.custom_op("numbatma::attention_backward", mutates_args=(), device_types="cuda")
 def _attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                        lse: torch.Tensor, causal: bool,
-                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        lse: torch.Tensor, causal: bool, scale: float,
+                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq, dk, dv``; ``deterministic``: dq's additions in a fixed order (bitwise reproducible, slower - see
+    :class:`numbatma.kernels.AttentionBackward`)."""
     from numbatma.kernels import attention_backward as run_backward
 
     do, q, k, v, o, lse = (x.detach() for x in (do, q, k, v, o, lse))
     if do.stride(-1) != 1:
         do = do.contiguous()
     dq, dk, dv = (torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
-    run_backward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, scale=scale)
+    run_backward(q, k, v, o, do, lse, dq, dk, dv, causal=causal, scale=scale, deterministic=deterministic)
     return dq, dk, dv
 
 
 @_attention_backward.register_fake
-def _attention_backward_fake(do, q, k, v, o, lse, causal, scale):
+def _attention_backward_fake(do, q, k, v, o, lse, causal, scale, deterministic):
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, deterministic = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _attention_backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None
 
 
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, causal=False, scale=None):
+def attention(q, k, v, causal=False, scale=None, deterministic=False):
     """``softmax(q kᵀ · scale (+ causal mask)) v`` for (B, H, S, D) tensors (``scale`` default ``1 / sqrt(D)``;
     ``causal``: top-left aligned, as ``scaled_dot_product_attention(is_causal=True)``), differentiable with
-    respect to q, k and v."""
+    respect to q, k and v. ``deterministic``: the backward adds into dq in a fixed order, so that the gradients
+    are bitwise reproducible from run to run (for reproducible training; slower - docs/attention.md gives the
+    cost); the forward is the same either way."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    o, _ = _attention_forward(q, k, v, bool(causal), float(scale))
+    o, _ = _attention_forward(q, k, v, bool(causal), float(scale), bool(deterministic))
     return o
 
 
