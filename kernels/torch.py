@@ -14,8 +14,7 @@ package, not at ``numbatma.torch``: the host package never imports the kernels -
   to the backward through autograd's context, since ``setup_context`` sees nothing but the op's inputs.
 
 Status (2026-11-28): tests/test_gpu_torch_ops.py passes on an H200 (eager, torch.compile(fullgraph=True), a CUDA
-graph); its case for K and N off the 16-byte grid and the one for ``deterministic=True`` were added after that run
-and have not run yet. tests/test_torch_ops_cpu.py checks the ops' schemas, fake implementations and autograd
+graph, K and N off the 16-byte grid, ``deterministic=True`` bitwise twice, commit fb1062a). tests/test_torch_ops_cpu.py checks the ops' schemas, fake implementations and autograd
 plumbing (the flag included, eager and under torch.compile) on the CPU, with stand-in CPU kernels.
 
 * :func:`matmul` ``(a, b)`` (2-D, ``a @ b``) and :func:`linear` ``(x, weight, bias=None)`` (``x @ weightᵀ + bias``,

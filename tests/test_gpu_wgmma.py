@@ -40,7 +40,7 @@ def test_store_global_edges(row_origin, col_origin):
 def test_store_global_tile_inside(row_origin, col_origin, out_dtype):
     """The tile wholly inside a larger view: straight-line stores of column pairs where the pairs are 2-element
     aligned (even column origins), element by element where they are not (odd) - the same result either way."""
-    K.run_case(RNG, K.make(n=128, k_steps=2, out="global", out_dtype=out_dtype), row_origin, col_origin, inside=True)
+    K.run_case(RNG, K.make(n=128, k_steps=2, out="global", out_dtype=out_dtype), row_origin, col_origin, around=True)
 
 
 def test_small_integers_are_exact():

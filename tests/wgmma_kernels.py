@@ -514,7 +514,7 @@ def assert_close(got, ref, limit, what):
                              f"{got[first]}, want {ref[first]} (limit {limit[first]:.3g})")
 
 
-def run_case(rng, case, row_origin=None, col_origin=None, inside=False):
+def run_case(rng, case, row_origin=None, col_origin=None, around=False):
     """Run ``case`` on fresh random data and check every output against NumPy."""
     geo = geometry(case)
     m, n, k = 64 * case.groups, case.n, case.k
@@ -565,7 +565,7 @@ def run_case(rng, case, row_origin=None, col_origin=None, inside=False):
         row_origin = col_origin = 0
     elif case.out == "global":
         rows_v, cols_v = m - 3, out_n - 5 if out_n > 8 else out_n + 3  # (a view smaller, or larger, than the tile)
-        if inside:  # (a view around the tile, rows of an even number of elements: wgmma_store_global's pairs)
+        if around:  # (a view around the tile, rows of an even number of elements: wgmma_store_global's pairs)
             rows_v, cols_v = m + 5, out_n + 6
         row_origin = -2 if row_origin is None else row_origin
         col_origin = (3 if out_n <= 8 else -1) if col_origin is None else col_origin
