@@ -4,18 +4,20 @@ break: the compiler traces the fake implementations) and inside CUDA graphs (the
 stream). Imported only on request (``import numbatma.kernels.torch``); it needs torch. (It lives in the kernels
 package, not at ``numbatma.torch``: the host package never imports the kernels - tests/test_import_graph.py.)
 
-* :func:`attention` ``(q, k, v, causal=False, scale=None, deterministic=False)``: ``softmax(q kᵀ · scale) v`` for
+* :func:`attention` ``(q, k, v, causal=False, scale=None, deterministic=None)``: ``softmax(q kᵀ · scale) v`` for
   (B, H, S, D) tensors as :func:`torch.nn.functional.scaled_dot_product_attention` takes them (k and v may have
   fewer heads: grouped-query attention), bfloat16 or float16, differentiable: the forward is
   :class:`numbatma.kernels.Attention` (op ``numbatma::attention_forward``, which also returns the log-sum-exp the
   backward needs), the backward :class:`numbatma.kernels.AttentionBackward` (op ``numbatma::attention_backward``).
   ``deterministic=True`` makes the backward's gradients bitwise reproducible (AttentionBackward's
-  ``deterministic``: dq's additions in a fixed order, slower); both ops take the flag - the forward only carries it
-  to the backward through autograd's context, since ``setup_context`` sees nothing but the op's inputs.
+  ``deterministic``: dq's additions in a fixed order, slower; ``None``, the default:
+  ``torch.are_deterministic_algorithms_enabled()``); both ops take the flag - the forward only carries it to the
+  backward through autograd's context, since ``setup_context`` sees nothing but the op's inputs.
 
 Status (2026-11-28): tests/test_gpu_torch_ops.py passes on an H200 (eager, torch.compile(fullgraph=True), a CUDA
-graph, K and N off the 16-byte grid, ``deterministic=True`` bitwise twice, commit fb1062a). tests/test_torch_ops_cpu.py checks the ops' schemas, fake implementations and autograd
-plumbing (the flag included, eager and under torch.compile) on the CPU, with stand-in CPU kernels.
+graph, K and N off the 16-byte grid, ``deterministic=True`` bitwise twice, commit fb1062a).
+tests/test_torch_ops_cpu.py checks the ops' schemas, fake implementations and autograd plumbing (the flag and its
+default from torch's switch included, eager and under torch.compile) on the CPU, with stand-in CPU kernels.
 
 * :func:`matmul` ``(a, b)`` (2-D, ``a @ b``) and :func:`linear` ``(x, weight, bias=None)`` (``x @ weightᵀ + bias``,
   x of any leading shape): :class:`numbatma.kernels.Gemm` forward and backward (op ``numbatma::matmul``, with
@@ -92,14 +94,18 @@ def _backward(ctx, do, dlse):
 _attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, causal=False, scale=None, deterministic=False):
+def attention(q, k, v, causal=False, scale=None, deterministic=None):
     """``softmax(q kᵀ · scale (+ causal mask)) v`` for (B, H, S, D) tensors (``scale`` default ``1 / sqrt(D)``;
     ``causal``: top-left aligned, as ``scaled_dot_product_attention(is_causal=True)``), differentiable with
     respect to q, k and v. ``deterministic``: the backward adds into dq in a fixed order, so that the gradients
     are bitwise reproducible from run to run (for reproducible training; slower - docs/attention.md gives the
-    cost); the forward is the same either way."""
+    cost); the forward is the same either way. ``None`` (the default): what
+    ``torch.are_deterministic_algorithms_enabled()`` says - on after ``torch.use_deterministic_algorithms(True)``,
+    as torch's own ops follow that switch."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     o, _ = _attention_forward(q, k, v, bool(causal), float(scale), bool(deterministic))
     return o
 

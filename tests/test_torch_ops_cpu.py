@@ -128,3 +128,23 @@ def test_attention_hands_deterministic_to_the_backward(cpu_kernels, deterministi
     torch.testing.assert_close(o, ref, rtol=1e-4, atol=1e-5)
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("switch", [False, True])
+def test_deterministic_follows_torchs_switch_by_default(cpu_kernels, switch, compiled):
+    """``attention(...)`` without ``deterministic``: the backward gets ``torch.are_deterministic_algorithms_enabled()``
+    - what ``torch.use_deterministic_algorithms`` set - eagerly and under torch.compile(fullgraph=True)."""
+    q = torch.randn((1, 2, 9, 64), requires_grad=True)
+    k, v = (torch.randn((1, 2, 9, 64), requires_grad=True) for _ in range(2))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(switch)
+    try:
+        def f(q, k, v):
+            return ntorch.attention(q, k, v)
+
+        fn = torch.compile(f, fullgraph=True, backend="aot_eager") if compiled else f
+        fn(q, k, v).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert cpu_kernels == [switch]
