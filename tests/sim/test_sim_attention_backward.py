@@ -1,7 +1,8 @@
 """Under NUMBA_ENABLE_CUDASIM=1: numbatma.kernels.AttentionBackward (the preprocess, the warp-specialized main kernel
 - TMA loads of K, V, Q, dO and the row statistics through two Pipelines, Sᵀ / dPᵀ / dV / dK / dQ on wgmma with
 Pᵀ and dSᵀ from registers and dSᵀ read back from shared memory MN-major, dq's float32 additions - and the
-postprocess) matches a float64 NumPy reference of the gradients, on the forward's own o and lse. Kept small: the
+postprocess) matches a float64 NumPy reference of the gradients, on the forward's own o and lse, and finite
+differences of the float64 forward (tests/attention_reference.py: fd_directional_check). Kept small: the
 simulator runs 384 Python threads per block. Float16 inputs (NumPy has them; bfloat16 takes the same path)."""
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from numba import cuda
 from numbatma.kernels import Attention, AttentionBackward, _launch, attention_backward
 
 from attention_reference import attention_backward_reference as reference
+from attention_reference import fd_directional_check, fd_ratios, fd_table
 
 
 @pytest.fixture(autouse=True)
@@ -42,11 +44,18 @@ def test_gradients_match_numpy(case):
     else:
         AttentionBackward(*args, o, cuda.to_device(do), lse, dq, dk, dv, causal=causal).launch()
     # (the reference's o is exact; ours is rounded to float16 - delta differs by that rounding only)
+    grads = []
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference(q, k, v, do, causal, 1 / np.sqrt(d))):
         got = got.copy_to_host().astype(np.float64)
         assert not np.isnan(got).any(), f"{name}: elements never written"
         err = np.abs(got - want).max()
         assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}, max |ref| {np.abs(want).max():.3g}"
+        grads.append(got)
+    # and gradcheck-style: the gradients are those of the forward itself - central differences of the float64 loss
+    # sum(attention(q, k, v) · dO) along the gradients' own directions and random ones (fd_directional_check, the
+    # tolerance of fd_tolerance at the float16 ulp), independently of the closed-form reference above
+    checks = fd_directional_check(q, k, v, do, *grads, causal, 1 / np.sqrt(d), rng)
+    assert fd_ratios(checks, 2.0 ** -10).max() <= 1, fd_table(checks, 2.0 ** -10)
 
 
 def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
