@@ -42,7 +42,8 @@ Three kernels, launched in order on one stream:
    The item's end: ``dK · scale`` and ``dV`` converted and stored from registers (:func:`wgmma_store_global`:
    4-byte pairs where the tile lies inside, element by element at the ragged end - nothing past the keys).
 3. **Postprocess**: ``dq`` = ``scale`` x the accumulator, converted to q's type (8-byte words where every row
-   of dq allows, 32-bit index arithmetic; the preprocess likewise).
+   of dq allows, 32-bit index arithmetic; the preprocess likewise). The two row kernels and their plans:
+   ``kernels/_attention_backward_rows.py``.
 
 ``deterministic=True``: dq's additions into each query block in ascending key-block order (a turn counter per
 query block; see ``send_dq``), bitwise reproducible, 0.33-0.66x the default's speed so far.
@@ -55,8 +56,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, int32, uint32, uint64
-from numba.cuda import libdevice
+from numba import cuda, int32
 
 from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
 from numbatma.intrinsics import (
@@ -69,13 +69,9 @@ from numbatma.intrinsics import (
     elect_one_sync,
     fast_exp2,
     persistent_item,
-    pack_bf16x2,
     pingpong,
-    pack_f16x2,
     register_budget,
     shared_view,
-    unpack_bf16x2,
-    unpack_f16x2,
     warp_specialize,
     wgmma,
     wgmma_a_fragments,
@@ -91,7 +87,8 @@ from numbatma.intrinsics import (
 )
 from numbatma.views import ArrayLayout, kernel_view, layout_view
 
-from ._attention_config import CHUNK, DTYPES, FUSED_MAX_SCALE, LAYOUTS, LOG2E_F32, POS_INF, WARPGROUP, ZERO
+from ._attention_backward_rows import BQ, Post, Prep, aligned, word_layout
+from ._attention_config import CHUNK, DTYPES, FUSED_MAX_SCALE, LAYOUTS, WARPGROUP, ZERO
 from ._compile_cache import kernel_factory
 from ._device import grid_dependency_sync
 from ._launch import ceil_div, persistent_grid
@@ -100,7 +97,8 @@ from ._plan import Plan, run
 
 __all__ = ["AttentionBackward", "attention_backward"]
 
-BQ = 64  # query rows per step (one box of Q and of dO per 64-wide chunk of the head dim)
+# BQ (64): query rows per step - one box of Q and of dO per 64-wide chunk of the head dim (from the row kernels' module,
+# whose statistics are padded to it)
 HEAD_DIMS = (64, 128, 256)
 DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
 
@@ -111,118 +109,6 @@ def keys_per_item(d):
     accumulators, the registers of the D = 128 kernel)."""
     return 64 if d == 256 else 128
 SMEM_LIMIT = 227 * 1024
-PREP_WARPS = 4  # warps (rows) per block of the preprocess kernel
-
-
-# -- preprocess and postprocess ------------------------------------------------------------------------------------
-@cuda.jit(device=True, inline="always")
-def _load_words(u, wide):
-    """(lo, hi) 32-bit words of a 64-bit load (``wide``), or the word itself and 0."""
-    return (uint32(u & 0xFFFFFFFF), uint32(u >> 32)) if wide else (uint32(u), uint32(0))
-
-
-@kernel_factory
-def _prep_kernel(kind, wide):
-    unpack = unpack_bf16x2 if kind == "bf16" else unpack_f16x2
-
-    @cuda.jit(device=True, inline="always")
-    def dot(x, y):
-        """sum of the elementwise products of two loads (four 16-bit elements each when ``wide``, else two)."""
-        x0, x1 = _load_words(x, wide)
-        y0, y1 = _load_words(y, wide)
-        a_lo, a_hi = unpack(x0)
-        b_lo, b_hi = unpack(y0)
-        acc = a_lo * b_lo + a_hi * b_hi
-        if wide:
-            a_lo, a_hi = unpack(x1)
-            b_lo, b_hi = unpack(y1)
-            acc += a_lo * b_lo + a_hi * b_hi
-        return acc
-
-    @cuda.jit
-    def prep(o_w, do_w, lse, stats, dqacc2, turns, heads, sq):
-        """Row i of (b, h), one warp per row of the padded length: stats[b, h, 0, i] = lse · log2 e and
-        stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's row = 0,
-        and at a query block's first row its dQ turn counter (``deterministic``) = 0.
-        o_w / do_w view the rows as 64-bit words (``wide``: four 16-bit elements) or 32-bit ones (two); dqacc2 as
-        pairs of float32 (uint64). Index arithmetic in 32 bits."""
-        grid_dependency_sync()
-        lane = cuda.threadIdx.x % 32
-        padded = uint32(stats.shape[3])
-        row = uint32(cuda.blockIdx.x * PREP_WARPS + cuda.threadIdx.x // 32)
-        per_batch = uint32(uint32(heads) * padded)  # (each product cast back: numba widens to 64 bits, and a
-        b = uint32(row // per_batch)                # 64-bit division is a subroutine call)
-        rest = uint32(row - b * per_batch)
-        h = uint32(rest // padded)
-        i = uint32(rest - h * padded)
-        if b < uint32(stats.shape[0]):
-            if lane == 0 and i % BQ == 0:
-                turns[b, h, i // BQ] = 0
-            if i < uint32(sq):
-                acc = ZERO
-                for j in range(lane, o_w.shape[3], 32):
-                    acc += dot(o_w[b, h, i, j], do_w[b, h, i, j])
-                for mask in (16, 8, 4, 2, 1):
-                    acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, mask)
-                if lane == 0:
-                    stats[b, h, 0, i] = lse[b, h, i] * LOG2E_F32
-                    stats[b, h, 1, i] = acc
-                for j in range(lane, dqacc2.shape[3], 32):
-                    dqacc2[b, h, i, j] = uint64(0)
-            elif lane == 0:
-                stats[b, h, 0, i] = POS_INF
-                stats[b, h, 1, i] = ZERO
-
-    return prep
-
-
-if SIMULATING:
-    def _float_words(u):
-        """The two float32 of a uint64 (bits 0-31, 32-63)."""
-        lo, hi = np.array([int(u)], np.uint64).view(np.float32)
-        return lo, hi
-else:
-    @cuda.jit(device=True, inline="always")
-    def _float_words(u):
-        """The two float32 of a uint64 (bits 0-31, 32-63): bit casts, no conversion."""
-        return libdevice.int_as_float(int32(u & 0xFFFFFFFF)), libdevice.int_as_float(int32(u >> 32))
-
-
-@kernel_factory
-def _post_kernel(kind, wide):
-    pack = pack_bf16x2 if kind == "bf16" else pack_f16x2
-
-    @cuda.jit(device=True, inline="always")
-    def scaled(u, scale):
-        """A uint64 of two float32 -> one uint32 of two 16-bit values, each x ``scale``."""
-        lo, hi = _float_words(u)
-        return pack(lo * scale, hi * scale)
-
-    @cuda.jit
-    def post(dqacc2, dq_w, heads, sq, scale):
-        """dq = scale x the float32 accumulator, rounded to nearest even: thread t converts the ``t``-th 64-bit
-        word of dq (``wide``: four elements from two uint64 of the accumulator) or 32-bit word (two elements), over
-        the rows in order; 32-bit index arithmetic."""
-        grid_dependency_sync()
-        per_row = uint32(dq_w.shape[3])
-        t = uint32(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
-        row = uint32(t // per_row)  # (each product cast back to 32 bits: see prep)
-        j = uint32(t - row * per_row)
-        sq32 = uint32(sq)
-        heads32 = uint32(heads)
-        bh = uint32(row // sq32)
-        i = uint32(row - bh * sq32)
-        b = uint32(bh // heads32)
-        h = uint32(bh - b * heads32)
-        if b < uint32(dq_w.shape[0]):
-            if wide:
-                lo = scaled(dqacc2[b, h, i, 2 * j], scale)
-                hi = scaled(dqacc2[b, h, i, 2 * j + 1], scale)
-                dq_w[b, h, i, j] = uint64(lo) | (uint64(hi) << uint64(32))
-            else:
-                dq_w[b, h, i, j] = scaled(dqacc2[b, h, i, j], scale)
-
-    return post
 
 
 # -- the main kernel -----------------------------------------------------------------------------------------------
@@ -569,33 +455,6 @@ def static_shared_bytes(stages, dq_buffers=2):
 
 
 # -- the plans -----------------------------------------------------------------------------------------------------
-class _Prep(Plan):
-    rebindable = False
-    writes = ("stats", "dqacc", "turns")
-
-    def __init__(self, o_w, do_w, lse, stats, dqacc2, turns, kind, wide, heads, sq, rows):
-        self.kernel = _prep_kernel(kind, wide)
-        self.grid, self.block, self.shared_mem = ceil_div(rows, PREP_WARPS), 32 * PREP_WARPS, 0
-        self._args = (o_w, do_w, lse, stats, dqacc2, turns, heads, sq)
-
-    args = property(lambda self: self._args)
-    output = property(lambda self: self._args[3])
-
-
-class _Post(Plan):
-    rebindable = False
-    writes = ("dq_w",)
-    BLOCK = 256
-
-    def __init__(self, dqacc2, dq_w, kind, wide, heads, sq, scale, words):
-        self.kernel = _post_kernel(kind, wide)
-        self.grid, self.block, self.shared_mem = ceil_div(words, self.BLOCK), self.BLOCK, 0
-        self._args = (dqacc2, dq_w, heads, sq, scale)
-
-    args = property(lambda self: self._args)
-    output = property(lambda self: self._args[1])
-
-
 def _scratch(q, shape, dtype=np.float32):
     """A float32 work array of the plan (delta, dq's accumulator): a torch tensor on q's device when q is one (torch's
     caching allocator, ordered on its streams), else a numba device array."""
@@ -621,20 +480,6 @@ def _heads_major(lay, layout):
     s = lay.strides
     return ArrayLayout(lay.ptr, (lay.shape[0], lay.shape[2], lay.shape[1], lay.shape[3]), (s[0], s[2], s[1], s[3]),
                        lay.dtype)
-
-
-def _words(lay, wide):
-    """The layout viewed as words along the (contiguous) head dim: uint64 (``wide``: four 16-bit elements, or two
-    float32) or uint32 (two 16-bit elements)."""
-    per = (8 if wide else 4) // lay.dtype.itemsize
-    shape = lay.shape[:3] + (lay.shape[3] // per,)
-    return ArrayLayout(lay.ptr, shape, lay.strides[:3] + (8 if wide else 4,), np.dtype(np.uint64 if wide else
-                                                                                          np.uint32))
-
-
-def _aligned(lay, n):
-    """Whether every row of the layout starts on an ``n``-byte boundary."""
-    return lay.ptr % n == 0 and all(st % n == 0 for st in lay.strides[:3])
 
 
 class AttentionBackward(Plan):
@@ -696,7 +541,7 @@ class AttentionBackward(Plan):
                 raise TensorMapError(f"{op}: {name} is a {lay.name}; its head dim must be contiguous.")
         for name in ("o", "do", "dq"):  # (read / written as pairs of elements, 4-byte words, by the row kernels)
             lay = hm[name]
-            if not _aligned(lay, 4):
+            if not aligned(lay, 4):
                 raise TensorMapError(f"{op}: {name} is a {lay.name} starting at byte {lay.ptr % 16} of a 16-byte "
                                      f"unit with byte strides {lay.strides}: its rows must start on 4-byte "
                                      f"boundaries (the row kernels move pairs of elements)")
@@ -763,12 +608,12 @@ class AttentionBackward(Plan):
         # synchronizes with torch's stream - refused while a CUDA graph is being captured)
         stats_view, dqacc_view, turns_view = (_numba_scratch(x) for x in (self.stats, self.dqacc, self.turns))
         # (the row kernels move 8-byte words where every row allows it, else 4-byte ones)
-        acc2 = kernel_view(_words(array_layout(self.dqacc), True), self.dqacc)  # (pairs of float32)
-        wide_in = _aligned(hm["o"], 8) and _aligned(hm["do"], 8)
-        wide_out = _aligned(hm["dq"], 8)
-        self.prep = _Prep(kernel_view(_words(hm["o"], wide_in), o), kernel_view(_words(hm["do"], wide_in), do),
+        acc2 = kernel_view(word_layout(array_layout(self.dqacc), True), self.dqacc)  # (pairs of float32)
+        wide_in = aligned(hm["o"], 8) and aligned(hm["do"], 8)
+        wide_out = aligned(hm["dq"], 8)
+        self.prep = Prep(kernel_view(word_layout(hm["o"], wide_in), o), kernel_view(word_layout(hm["do"], wide_in), do),
                           kernel_view(ll, lse), stats_view, acc2, turns_view, kind, wide_in, hq, sq, bq * hq * padded)
-        self.post = _Post(acc2, kernel_view(_words(hm["dq"], wide_out), dq), kind, wide_out, hq, sq,
+        self.post = Post(acc2, kernel_view(word_layout(hm["dq"], wide_out), dq), kind, wide_out, hq, sq,
                           np.float32(scale), bq * hq * sq * d // (4 if wide_out else 2))
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
         self.block = 3 * WARPGROUP
