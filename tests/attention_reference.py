@@ -14,19 +14,41 @@ def heads_major(x, layout):
     return x if layout == "bhsd" else x.transpose(0, 2, 1, 3)
 
 
-def attention_reference(q, k, v, causal, scale):
-    """q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) -> (o (B, Hq, Sq, D), lse (B, Hq, Sq)), float64."""
-    group = q.shape[1] // k.shape[1]
-    kk = np.repeat(np.asarray(k, np.float64), group, axis=1)
-    vv = np.repeat(np.asarray(v, np.float64), group, axis=1)
-    s = np.einsum("bhqd,bhkd->bhqk", np.asarray(q, np.float64), kk) * scale
+def repeat_heads(x, group):
+    """k or v (B, Hkv, S, D) as float64 with each head repeated ``group`` times (B, Hkv·group, S, D): grouped-query
+    attention's query heads h read K/V head h // group."""
+    return np.repeat(np.asarray(x, np.float64), group, axis=1)
+
+
+def sum_heads(x, group):
+    """The inverse direction of repeat_heads for gradients: (B, Hkv·group, S, D) summed over each group."""
+    return x.reshape(x.shape[0], x.shape[1] // group, group, *x.shape[2:]).sum(2)
+
+
+def logits(q, k, causal, scale):
+    """``q kᵀ · scale`` in float64 (B, Hq, Sq, Sk), k repeated over the group, -inf where the top-left causal mask
+    hides a key (after the scale, so whatever its sign)."""
+    s = np.einsum("bhqd,bhkd->bhqk", np.asarray(q, np.float64), repeat_heads(k, q.shape[1] // k.shape[1])) * scale
     if causal:
         sq, sk = s.shape[-2:]
         s[..., np.arange(sk)[None, :] > np.arange(sq)[:, None]] = -np.inf
+    return s
+
+
+def attention_reference(q, k, v, causal, scale):
+    """q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) -> (o (B, Hq, Sq, D), lse (B, Hq, Sq)), float64."""
+    s = logits(q, k, causal, scale)
     m = s.max(-1, keepdims=True)
     p = np.exp(s - m)
     total = p.sum(-1, keepdims=True)
-    return (p / total) @ vv, (m + np.log(total))[..., 0]
+    return (p / total) @ repeat_heads(v, q.shape[1] // k.shape[1]), (m + np.log(total))[..., 0]
+
+
+def attention_probabilities(q, k, causal, scale):
+    """P = softmax(logits) in float64 (B, Hq, Sq, Sk): the forward's weights, which its gradients are made of."""
+    s = logits(q, k, causal, scale)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
 
 
 def lse_error(got, ref, rel=1e-5, atol=1e-4):
@@ -50,19 +72,15 @@ def lse_error(got, ref, rel=1e-5, atol=1e-4):
 
 def attention_backward_reference(q, k, v, do, causal, scale):
     """(dq, dk, dv) in float64 from (B, H, S, D) arrays (k, v with fewer heads: repeated, their gradients summed)."""
-    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    q, do = (np.asarray(x, np.float64) for x in (q, do))
     group = q.shape[1] // k.shape[1]
-    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
-    if causal:
-        s = np.where(np.arange(k.shape[2])[None, :] > np.arange(q.shape[2])[:, None], -np.inf, s)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    kr, vr = repeat_heads(k, group), repeat_heads(v, group)
+    p = attention_probabilities(q, k, causal, scale)
     o = p @ vr
     ds = p * (do @ vr.transpose(0, 1, 3, 2) - (do * o).sum(-1, keepdims=True))
     dq = ds @ kr * scale
-    dk = (ds.transpose(0, 1, 3, 2) @ q * scale).reshape(k.shape[0], k.shape[1], group, *k.shape[2:]).sum(2)
-    dv = (p.transpose(0, 1, 3, 2) @ do).reshape(k.shape[0], k.shape[1], group, *k.shape[2:]).sum(2)
+    dk = sum_heads(ds.transpose(0, 1, 3, 2) @ q * scale, group)
+    dv = sum_heads(p.transpose(0, 1, 3, 2) @ do, group)
     return dq, dk, dv
 
 

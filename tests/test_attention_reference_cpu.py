@@ -8,8 +8,8 @@ by one - at the float16 tolerance the simulator test uses (the structural ones a
 import numpy as np
 import pytest
 
-from attention_reference import (FD_C, attention_backward_reference, attention_reference, fd_directional_check,
-                                 fd_ratios, fd_table)
+from attention_reference import (FD_C, attention_backward_reference, attention_probabilities, fd_directional_check,
+                                 fd_ratios, fd_table, repeat_heads, sum_heads)
 
 ULP = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
 
@@ -35,22 +35,14 @@ def kernel_model(q, k, v, do, causal, scale, dtype):
     from it), P rounded before dV = Pᵀ dO, dS rounded before dQ = dS K and dK = dSᵀ Q, the outputs rounded; float64
     otherwise (the kernel's float32 accumulation is 2^-24 relative: far below)."""
     group = q.shape[1] // k.shape[1]
-    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    o, lse = attention_reference(q, k, v, causal, scale)
-    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
-    if causal:
-        s = np.where(np.arange(k.shape[2])[None, :] > np.arange(q.shape[2])[:, None], -np.inf, s)
-    p = np.exp(s - lse[..., None])
-    delta = (do * rounded(o, dtype)).sum(-1, keepdims=True)
+    kr, vr = repeat_heads(k, group), repeat_heads(v, group)
+    p = attention_probabilities(q, k, causal, scale)
+    delta = (do * rounded(p @ vr, dtype)).sum(-1, keepdims=True)
     ds = rounded(p * (do @ vr.transpose(0, 1, 3, 2) - delta), dtype)
     p = rounded(p, dtype)
-
-    def per_kv_head(x):
-        return x.reshape(k.shape[0], k.shape[1], group, *k.shape[2:]).sum(2)
-
     dq = ds @ kr * scale
-    dk = per_kv_head(ds.transpose(0, 1, 3, 2) @ q * scale)
-    dv = per_kv_head(p.transpose(0, 1, 3, 2) @ do)
+    dk = sum_heads(ds.transpose(0, 1, 3, 2) @ q * scale, group)
+    dv = sum_heads(p.transpose(0, 1, 3, 2) @ do, group)
     return [rounded(x, dtype) for x in (dq, dk, dv)]
 
 
@@ -104,13 +96,9 @@ def grouped_the_other_way(q, k, v, do, causal, scale):
 def without_delta(q, k, v, do, causal, scale):
     """dq, dk from dS = P dP (the row term rowsum(dO O) left out); dv right."""
     group = q.shape[1] // k.shape[1]
-    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    o, lse = attention_reference(q, k, v, causal, scale)
-    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
-    if causal:
-        s = np.where(np.arange(k.shape[2])[None, :] > np.arange(q.shape[2])[:, None], -np.inf, s)
-    ds = np.exp(s - lse[..., None]) * (do @ vr.transpose(0, 1, 3, 2))
-    dk = (ds.transpose(0, 1, 3, 2) @ q * scale).reshape(k.shape[0], k.shape[1], group, *k.shape[2:]).sum(2)
+    kr, vr = repeat_heads(k, group), repeat_heads(v, group)
+    ds = attention_probabilities(q, k, causal, scale) * (do @ vr.transpose(0, 1, 3, 2))
+    dk = sum_heads(ds.transpose(0, 1, 3, 2) @ q * scale, group)
     return ds @ kr * scale, dk, attention_backward_reference(q, k, v, do, causal, scale)[2]
 
 
