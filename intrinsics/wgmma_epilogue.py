@@ -387,15 +387,13 @@ def wgmma_store_global(typingctx, acc, array, row0, col0):
         strides = cgutils.unpack_tuple(builder, ary.strides, 2)
         tid = builder.zext(builder.urem(_THREAD_X.emit(builder), ir.Constant(I32, 128)), i64)
         lane = builder.urem(tid, c(32))
-        r_base = builder.add(context.cast(builder, args[2], sig.args[2], types.int64),
-                             builder.add(builder.mul(builder.udiv(tid, c(32)), c(16)), builder.udiv(lane, c(4))))
-        c_base = builder.add(context.cast(builder, args[3], sig.args[3], types.int64),
-                             builder.mul(builder.urem(lane, c(4)), c(2)))
+        row0 = context.cast(builder, args[2], sig.args[2], types.int64)
+        col0 = context.cast(builder, args[3], sig.args[3], types.int64)
+        r_base = builder.add(row0, builder.add(builder.mul(builder.udiv(tid, c(32)), c(16)), builder.udiv(lane, c(4))))
+        c_base = builder.add(col0, builder.mul(builder.urem(lane, c(4)), c(2)))
         f32, f16, i16 = ir.FloatType(), ir.HalfType(), ir.IntType(16)
         size = 4 if dst == types.float32 else 2
         wide = ir.IntType(16 * size)  # (a pair of adjacent elements as one integer)
-        row0 = context.cast(builder, args[2], sig.args[2], types.int64)
-        col0 = context.cast(builder, args[3], sig.args[3], types.int64)
         data = builder.ptrtoint(ary.data, i64)
         # the fast path: the whole tile inside the array, rows contiguous, pairs 2-element aligned (a pair starts
         # at an even offset from col0: the array's address at col0 and its row stride decide for every pair)
@@ -407,6 +405,7 @@ def wgmma_store_global(typingctx, acc, array, row0, col0):
         fast = inside[0]
         for cond in inside[1:]:
             fast = builder.and_(fast, cond)
+
         def pair_values(block, half):  # (the thread's pair in row half ``half`` of 8-column block ``block``)
             pair = _fragment_pairs(builder, acc, args[0], block, half)
             if dst == types.float32:
