@@ -238,6 +238,11 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         return wgmma(dq, wgmma_desc(ds_hi, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_hi, k_map, "MN", 0, (0, BQ)), 1)
 
     @cuda.jit(device=True, inline="always")
+    def dq_buffer_at(w, nd):
+        """Where consumer ``w``'s staging buffer of its dQ chunk ``nd`` starts in ``dq_stage`` (elements)."""
+        return int32((w * dq_buffers + nd % dq_buffers) * dq_elems)
+
+    @cuda.jit(device=True, inline="always")
     def stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, col0):
         """The first half of adding the 64 x 64 chunk ``dq`` (query rows ``m0 ..``, columns ``col0 ..``) into dq's
         float32 accumulator: written into the consumer's next rotating staging buffer (``nd`` chunks staged
@@ -247,8 +252,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
         else:
             dq_out.acquire(w, tw)  # (one staging buffer: the reduce that last read it has read it)
-            wgmma_store(dq, shared_view(dq_stage, int32((w * dq_buffers + nd % dq_buffers) * dq_elems), (2, BQ, 32)),
-                        dq_map, 0, 0)
+            wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
 
     @cuda.jit(device=True, inline="always")
     def send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, col0):
@@ -264,7 +268,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         for items of its head with lower key blocks: earlier in every CTA's order, never in a later round.)"""
         if dq_reduce == "atomic":
             return nd
-        at = int32((w * dq_buffers + nd % dq_buffers) * dq_elems)
+        at = dq_buffer_at(w, nd)
         if dq_out.publish(w, tw):
             if deterministic:
                 while cuda.atomic.add(turns, (b, h, m0 // BQ), 0) < turn:
