@@ -106,6 +106,9 @@ def attention(q, k, v, causal=False, scale=None, deterministic=None):
         scale = 1.0 / math.sqrt(q.shape[-1])
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    elif not isinstance(deterministic, bool):
+        raise TypeError(f"numbatma.kernels.torch.attention: deterministic must be True, False or None (follow "
+                        f"torch.use_deterministic_algorithms), got {deterministic!r}")
     o, _ = _attention_forward(q, k, v, bool(causal), float(scale), bool(deterministic))
     return o
 

@@ -267,6 +267,9 @@ HOST = {
     "tile_handoff barrier 16": (lambda: numbatma.intrinsics.tile_handoff(2, 16), ValueError,
                                 "a barrier id in 1..15, got consumers=2, barrier=16"),
     "wait_release lag 8": (lambda: numbatma.intrinsics.wait_release(8), ValueError, "lag must be an int in 0..7"),
+    "store_buffers wait_in_publish with one buffer": (
+        lambda: numbatma.intrinsics.store_buffers(1, wait_in_publish=True), ValueError,
+        "wait_in_publish needs count >= 2"),
     "persistent_grid sms 0": (lambda: numbatma.intrinsics.persistent_grid(10, 0), ValueError,
                               "sms must be an int >= 1, got 0"),
     "sm_count device -1": (lambda: numbatma.devices.sm_count(-1), ValueError, "got -1"),

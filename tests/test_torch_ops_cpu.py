@@ -148,3 +148,11 @@ def test_deterministic_follows_torchs_switch_by_default(cpu_kernels, switch, com
     finally:
         torch.use_deterministic_algorithms(before)
     assert cpu_kernels == [switch]
+
+
+def test_deterministic_must_be_a_bool_or_none():
+    """A string or a number is refused, not read as true."""
+    q = torch.randn((1, 1, 4, 64))
+    for bad in ("no", 1):
+        with pytest.raises(TypeError, match=f"deterministic must be True, False or None .*got {bad!r}"):
+            ntorch.attention(q, q, q, deterministic=bad)
