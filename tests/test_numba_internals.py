@@ -1,5 +1,5 @@
 """Fails loudly when numba-cuda changes under numbatma's hooks (numbatma/_numba_internals.py and the seam modules it
-lists: _launch_hooks.py, _prepared_launch.py, _sim_hooks.py, _lowering_sites.py, _disk_cache.py)."""
+lists: _launch_hooks.py, _prepared_launch.py, _sim_hooks.py, _lowering_sites.py, _disk_cache.py, _inline_copy.py)."""
 import inspect
 import re
 
@@ -7,7 +7,7 @@ import numpy as np
 from numba import cuda, types
 
 import numbatma
-from numbatma import _disk_cache, _launch_hooks, _lowering_sites, _prepared_launch, _sim_hooks
+from numbatma import _disk_cache, _inline_copy, _launch_hooks, _lowering_sites, _prepared_launch, _sim_hooks
 from numbatma import _numba_internals as internals
 from numbatma import compile as nbc
 from numbatma._types import SharedArray
@@ -15,7 +15,7 @@ from numbatma._types import SharedArray
 from fakes import FakeCudaArray
 
 # The modules that touch numba-cuda private names (docs/architecture.md: the seam).
-SEAM_MODULES = (internals, _launch_hooks, _prepared_launch, _sim_hooks, _lowering_sites, _disk_cache)
+SEAM_MODULES = (internals, _launch_hooks, _prepared_launch, _sim_hooks, _lowering_sites, _disk_cache, _inline_copy)
 SEAM = {m.__name__ for m in SEAM_MODULES}
 
 
@@ -517,14 +517,14 @@ def test_typing_error_hook_points():
 
 
 def test_hooks_are_numbered_in_order_with_one_install_function_each():
-    """_numba_internals' docstring lists hooks 1..12 in order, each naming its install function (hook 12: the
+    """_numba_internals' docstring lists hooks 1..13 in order, each naming its install function (hook 12: the
     function that applies it to one kernel) and the seam module that holds it; that function is defined there, the
     module's ``# -- hook N`` section is there, and every seam module's sections follow the numbering's order."""
     doc = internals.__doc__
     listed = [int(n) for n in re.findall(r"^(\d+)\. ", doc, flags=re.M)]
-    assert listed == list(range(1, 13))
+    assert listed == list(range(1, 14))
     entries = re.findall(r"^(\d+)\. :func:`(\w+)` \((this module|``(_\w+)\.py``)", doc, flags=re.M)
-    assert [int(n) for n, *_ in entries] == list(range(1, 13))
+    assert [int(n) for n, *_ in entries] == list(range(1, 14))
     seen = {}
     for n, name, _, module in entries:
         holder = {m.__name__.split(".")[-1]: m for m in SEAM_MODULES}[module or "_numba_internals"]
@@ -552,21 +552,74 @@ def test_install_functions_are_idempotent():
     from numba.cuda import cudadecl, dispatcher
     from numba.cuda.cudadrv import nvvm
 
+    from numba.cuda.core import inline_closurecall
+
     before = [nvvm.set_cuda_kernel, nvvm.compile_ir, nvvm.set_launch_bounds, dispatcher._Kernel._prepare_args,
               dispatcher._Kernel.launch, dispatcher.get_current_device, dispatcher.LaunchConfig,
-              cudadecl.Cuda_shared_array.generic, dispatcher.launch]
+              cudadecl.Cuda_shared_array.generic, dispatcher.launch, inline_closurecall.InlineWorker.inline_ir]
+    shim = inline_closurecall.copy
     for install in (internals.install_grid_constant_params, internals.install_descriptor_arguments,
                     internals.install_launch_checks, internals.install_shared_array_type,
                     internals.install_compile_ir, internals.install_offline_target, internals.install_clusters,
-                    internals.install_typing_errors, internals.install_dependent_launches, internals.install):
+                    internals.install_typing_errors, internals.install_dependent_launches,
+                    internals.install_inline_copy, internals.install):
         install()
     after = [nvvm.set_cuda_kernel, nvvm.compile_ir, nvvm.set_launch_bounds, dispatcher._Kernel._prepare_args,
              dispatcher._Kernel.launch, dispatcher.get_current_device, dispatcher.LaunchConfig,
-             cudadecl.Cuda_shared_array.generic, dispatcher.launch]
-    assert after == before
+             cudadecl.Cuda_shared_array.generic, dispatcher.launch, inline_closurecall.InlineWorker.inline_ir]
+    assert after == before and inline_closurecall.copy is shim
     for wrapper in after:
         assert wrapper.__module__ in SEAM
         assert wrapper._numbatma_original.__module__ not in SEAM  # (upstream's, wrapped once)
+
+
+def test_inline_copy_hook_points():
+    """Hook 13: InlineWorker.inline_ir copies the callee's IR through its module's ``copy.deepcopy``, one block at a
+    time (copy_ir), twice (a mutable copy and the unmutated one it returns), then asks for the blocks' one scope;
+    Var.__deepcopy__ copies its scope with the memo it is given. The hook is in place."""
+    from numba.cuda.core import inline_closurecall, ir
+
+    points = internals._inline_copy_hook_points()
+    assert set(points) == {"inline_closurecall.copy.deepcopy", "InlineWorker.inline_ir"}
+    for label, (owner, attr) in points.items():
+        assert callable(getattr(owner, attr, None)), label
+    source = inspect.getsource(inline_closurecall.InlineWorker.inline_ir._numbatma_original)
+    assert "copy.deepcopy(block)" in source and source.count("copy_ir(callee_ir)") == 2
+    assert "assert len(callee_scopes) == 1" in source
+    assert "copy.deepcopy(self.scope, memo)" in inspect.getsource(ir.Var.__deepcopy__)
+    assert inline_closurecall.copy.deepcopy is _inline_copy._deepcopy
+    assert inline_closurecall.InlineWorker.inline_ir.__module__ == _inline_copy.__name__
+
+
+def test_inline_copy_shares_one_scope_per_function():
+    """Inside inline_ir the blocks of one function come out of ``copy.deepcopy(block)`` sharing one copy of their
+    scope, the copied statements' variables the scope's own; copying the same block again gives a new copy (the
+    unmutated second copy); outside inline_ir, and for anything but a block, deepcopy is the standard one."""
+    import copy
+
+    from numba.cuda.core import inline_closurecall, ir
+
+    loc = ir.Loc("f.py", 1)
+    scope = ir.Scope(None, loc)
+    blocks = []
+    for name in ("a", "b"):
+        block = ir.Block(scope, loc)
+        block.append(ir.Assign(ir.Const(1, loc), scope.define(name, loc), loc))
+        blocks.append(block)
+    shim = inline_closurecall.copy
+    _inline_copy._session.memos = {}
+    try:
+        first = [shim.deepcopy(b) for b in blocks]
+        again = shim.deepcopy(blocks[0])
+    finally:
+        _inline_copy._session.memos = None
+    assert first[0].scope is first[1].scope and first[0].scope is not scope
+    assert first[0].body[0].target is first[0].scope.localvars.get("a")
+    assert first[1].body[0].target is first[1].scope.localvars.get("b")
+    assert again is not first[0] and again.scope is not first[0].scope and again.body[0].target.name == "a"
+    outside = [shim.deepcopy(b) for b in blocks]  # (upstream's: each block its own copy of the scope)
+    assert outside[0].scope is not outside[1].scope
+    assert shim.deepcopy([1, [2]]) == [1, [2]] and shim.copy is copy.copy
 
 
 def test_accessor_points_exist_with_expected_signatures():
