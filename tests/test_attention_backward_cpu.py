@@ -5,6 +5,7 @@ D = 64. (Correctness: tests/sim/test_sim_attention_backward.py in the simulator,
 on the GPU.)"""
 import importlib
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -72,6 +73,9 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
                                                             "cannot order dq_reduce='atomic'"),
     (dict(), dict(dq_split="cols"), "dq_split='cols' is not a choice at head dim 64: 'cols' needs 128"),
     (dict(d=256), dict(dq_split="keys"), "dq_split='keys' is not a choice at head dim 256"),
+    (dict(), dict(kv_registers=1), "kv_registers must be True or False, got 1"),
+    (dict(d=128), dict(kv_registers=True), "kv_registers=True needs head dim 64 .*64 more registers a thread at "
+                                           "head dim 128"),
 ])
 def test_bad_arguments(change, options, message):
     with pytest.raises(TensorMapError, match="AttentionBackward: " + message):
@@ -91,10 +95,17 @@ def test_other_head_dims_and_uneven_groups_are_refused():
 
 
 def test_the_kernel_compiles_without_local_memory():
+    """D = 64 (K and V in registers: kv_registers): the products back to back, Sᵀ and dPᵀ (the first eight) with
+    register A fragments - eight LDSM.x4 (ldmatrix) per item - as dV and dK, dQ's A from shared memory."""
     plan = AttentionBackward(*arrays(d=64), causal=False)
+    assert plan.kv_registers and not AttentionBackward(*arrays(d=128)).kv_registers
     text = main_sass(plan)
     ops = wgmma_ops(text)
     assert ops.count("HGMMA.64x64x16.F32") == 20  # Sᵀ, dPᵀ: 4 k-steps each; dV, dK: 4 each; dQ: 4
+    hgmma = [line.split("*/")[1] for line in text.splitlines() if "*/" in line and "HGMMA" in line]
+    register_a = [bool(re.search(r"HGMMA\.\S+ R\d+, R\d+, gdesc", line)) for line in hgmma]
+    assert register_a == [True] * 8 + [False] * 4 + [True] * 8, hgmma
+    assert text.count("LDSM.16.M88.4") == 8
     assert "STL" not in text and "LDL" not in text, "local memory in the backward kernel"
     assert text.count("USETMAXREG") == 2 and "UTMAREDG.4D.ADD" in text and "UTMALDG" in text  # (dQ: TMA reduce-add)
 

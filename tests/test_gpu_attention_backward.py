@@ -119,6 +119,16 @@ def test_two_kv_stages_at_head_dim_64():
     run_case(1, 2, 1, 1500, 900, 64, False, kv_stages=2)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kv_registers_at_head_dim_64(causal, dtype):
+    """kv_registers (K and V of a consumer's keys as register A fragments, read once per item through ldmatrix of
+    the swizzled tiles): GQA, ragged ends, Sk > Sq and Sq > Sk, several items per CTA, with kv_stages=2 too."""
+    run_case(2, 4, 2, 700, 2000, 64, causal, dtype=dtype, kv_registers=True)
+    run_case(1, 2, 1, 1500, 900, 64, causal, dtype=dtype, kv_registers=True)
+    run_case(1, 1, 1, 17, 300, 64, causal, dtype=dtype, kv_registers=True, kv_stages=2)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_rows_of_o_and_dq_on_4_byte_boundaries(d):
     """o and dq as views two elements into wider rows: the row kernels take 32-bit words; dq's margins untouched."""
