@@ -622,6 +622,47 @@ def test_inline_copy_shares_one_scope_per_function():
     assert shim.deepcopy([1, [2]]) == [1, [2]] and shim.copy is copy.copy
 
 
+def test_inline_copy_leaves_the_compiled_code_as_it_was():
+    """A kernel of nested ``inline="always"`` device functions with branches and a loop (several blocks, shared
+    variables) compiles to the same PTX with hook 13 on and off (but for the compile counters in symbol names). (Every
+    plan kernel of numbatma.kernels gave the same PTX both ways when the hook was written.)"""
+    import copy
+
+    from numba.cuda.core import inline_closurecall
+
+    @cuda.jit(device=True, inline="always")
+    def inner(x, i):
+        if i % 2:
+            return x + 1.0
+        return x * 2.0
+
+    @cuda.jit(device=True, inline="always")
+    def outer(x, i):
+        for j in range(3):
+            x = inner(x, i + j)
+        return x
+
+    def kernel(a):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = outer(outer(a[i], i), i + 1)
+
+    def ptx():
+        text = nbc.compile_ptx(kernel, (types.float32[:],), arch="sm_90a")
+        text = text if isinstance(text, str) else text[0]
+        return sorted(re.sub(r"B\d+v\d+", "Bv", line) for line in text.splitlines() if not line.startswith("//"))
+
+    hooked = (inline_closurecall.copy, inline_closurecall.InlineWorker.inline_ir)
+    with_hook = ptx()
+    try:
+        inline_closurecall.copy = copy
+        inline_closurecall.InlineWorker.inline_ir = hooked[1]._numbatma_original
+        without = ptx()
+    finally:
+        inline_closurecall.copy, inline_closurecall.InlineWorker.inline_ir = hooked
+    assert with_hook == without and any(line.strip().startswith(("add.f", "fma.rn.f")) for line in with_hook)
+
+
 def test_accessor_points_exist_with_expected_signatures():
     """The accessors through which the other modules reach numba-cuda private names (intrinsic, make_array,
     populate_array, call_sreg, declare_vprintf): the upstream names exist and take the arguments the
