@@ -524,7 +524,9 @@ class AttentionBackward(Plan):
     bitwise reproducible, slower), ``pingpong`` (the consumers issue Sᵀ and dPᵀ in turn - a benchmark switch, off:
     1-5% slower on an H200), ``kv_stages`` (1 or 2: the next item's K and V loaded under this one, where shared
     memory allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: 2 is 1% slower at D = 64, 25% at
-    D = 128). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
+    D = 128), ``kv_registers`` (D = 64 only, the default there: K and V of a consumer's keys as register A fragments
+    for the whole item, read once with ``ldmatrix``; +4-7% on an H200; False reads them from shared memory in every
+    product). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
     writes = ("dq", "dk", "dv")
