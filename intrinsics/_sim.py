@@ -719,7 +719,22 @@ def shfl_up(mask, value, delta):
 
 
 def syncwarp(mask=0xFFFFFFFF):
-    warp_exchange(mask, None)
+    """``bar.warp.sync``: the lanes of ``mask`` meet, and - as PTX guarantees memory ordering among the threads
+    taking part - each learns what the others knew (a release of each lane's accesses so far, as at a block
+    barrier): a lane's shared-memory reads before it are ordered before another lane's release after it (e.g. lane
+    0's arrival on a pipeline's empty barrier)."""
+    thread = _thread()
+    carried = None
+    if simulated_block(thread) is not None:
+        with lock:
+            carried = dict(release(thread))
+    values = warp_exchange(mask, carried)
+    if carried is not None:
+        with lock:
+            mine = knowledge(thread)
+            for other in values:
+                if other is not None:
+                    merge(mine, other)
 
 
 # -- block-shared storage keyed by call site ----------------------------------------------------------------

@@ -47,8 +47,8 @@ Three kernels, launched in order on one stream:
    of dq allows, 32-bit index arithmetic; the preprocess likewise). The two row kernels and their plans:
    ``kernels/_attention_backward_rows.py``.
 
-``deterministic=True``: dq's additions into each query block in ascending key-block order (a turn counter per
-query block; see ``send_dq``), bitwise reproducible, 0.33-0.66x the default's speed so far.
+``deterministic=True``: dq's additions into each query block in descending key-block order, the items too (a
+turn counter per query block, each add counted at the thread's next one; see ``send_dq``), bitwise reproducible.
 
 Not yet here (issue 26): the overlap of one consumer's softmax with the other's products (the dSᵀ barrier keeps them
 in step), |scale| > 1 (the forward's "exact" softmax mode).
@@ -136,6 +136,16 @@ def backward_item(t, hk, nkb, kb):
     return bh // hk, bh % hk, (t % nkb) * kb
 
 
+@cuda.jit(device=True, inline="always")
+def backward_item_descending(t, hk, nkb, kb):
+    """:func:`backward_item` with each head's key blocks in descending order (``deterministic``: a query block takes
+    its dQ additions from the highest key block down - causal items reach it in that order - and an item only waits
+    for items of its head with higher key blocks, which come earlier in every CTA's order, never in a later
+    round). (A function of its own: a flag and a branch in backward_item cost the D = 128 consumer spills.)"""
+    bh = t // nkb
+    return bh // hk, bh % hk, (nkb - 1 - t % nkb) * kb
+
+
 DQ_SPLITS = ("cols", "keys")
 
 
@@ -162,6 +172,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     # second one's products do (named barriers 3 and 4; 1, 2: warpgroup_sync; 5: the dSᵀ handoff)
     turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)
     ds_handoff = tile_handoff(2)  # (dSᵀ from wgmma_store to the dQ product's operand)
+    item_of = backward_item_descending if deterministic else backward_item
     kb = keys_per_item(d)
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
@@ -274,33 +285,50 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
 
     @cuda.jit(device=True, inline="always")
-    def send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, col0):
+    def send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0, col0):
         """The second half: the staged chunk ``nd`` made visible to TMA and reduce-added by thread 0 (one
-        barrier of the warpgroup: ``store_buffers(wait_in_publish=True)``); returns the chunks staged so far.
-        Called after the step's dV and dK products have completed where there is one chunk per step, so the
-        staging stores drain under them instead of stalling the fence.
+        barrier of the warpgroup: ``store_buffers(wait_in_publish=True)``); returns (the chunks staged so far,
+        ``pending``). Called after the step's dV and dK products have completed where there is one chunk per step,
+        so the staging stores drain under them instead of stalling the fence.
 
-        ``deterministic``: the adds into a query block go in ascending key-block order. Thread 0 first waits until
-        the block's turn counter reaches ``turn`` = ``adds`` x the item's key block (every earlier key block's adds
-        done) + at D = 64 (and ``dq_split="keys"``) consumer 0's chunks for consumer 1 (their chunks overlap), then
-        reduce-adds, waits for the additions and counts them: one order whatever the timing. (An item only waits
-        for items of its head with lower key blocks: earlier in every CTA's order, never in a later round.)"""
+        ``deterministic``: the adds into a query block go in descending key-block order (the items run in that
+        order too: :func:`backward_item_descending`). Thread 0 first counts its previous add (:func:`count_pending`:
+        waits for it to be performed, then adds 1 to that query block's turn counter - deferred to here, so that the
+        wait overlaps the step's products), then waits until this block's counter reaches ``adds`` x (the key
+        blocks above this item's that see the block) + ``offset`` (D = 64, ``dq_split="keys"``: consumer 1 after
+        consumer 0, their chunks overlap - counted at once for that), then reduce-adds: one order whatever the
+        timing."""
         if dq_reduce == "atomic":
-            return nd
+            return nd, pending
         at = dq_buffer_at(w, nd)
         if dq_out.publish(w, tw):
             if deterministic:
-                while cuda.atomic.add(turns, (b, h, m0 // BQ), 0) < turn:
+                pending = count_pending(turns, pending)
+                i = m0 // BQ
+                last = min(nkb - 1, (m0 + BQ - 1) // kb) if causal else nkb - 1  # (the block's highest key block)
+                while cuda.atomic.add(turns, (b, h, i), 0) < adds * (last - rank) + offset:
                     pass
                 cuda.threadfence()
             for j in range(2):
                 tma_reduce("add", dq_map, (b, h, m0, col0 + 32 * j), shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
             bulk_commit_group()
             if deterministic:
-                bulk_wait_group(0)  # (the additions performed)
-                cuda.threadfence()
-                cuda.atomic.add(turns, (b, h, m0 // BQ), 1)
-        return nd + 1
+                pending = (int32(b), int32(h), int32(m0 // BQ))
+                if own_keys:  # (the other consumer waits for this add within the step: counted now)
+                    pending = count_pending(turns, pending)
+        return nd + 1, pending
+
+    @cuda.jit(device=True, inline="always")
+    def count_pending(turns, pending):
+        """``deterministic``: thread 0's last reduce-add (``pending`` = its (batch, head, query block); block -1:
+        none) waited for (``bulk_wait_group(0)``: performed) and counted in the block's turn counter; returns
+        "none"."""
+        pb, ph, pi = pending
+        if pi >= 0:
+            bulk_wait_group(0)
+            cuda.threadfence()
+            cuda.atomic.add(turns, (pb, ph, pi), 1)
+        return pb, ph, int32(-1)
 
     @cuda.jit(device=True, inline="always")
     def producer(args):
@@ -315,7 +343,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     t = persistent_item(r, causal)
                     if t >= items:
                         break
-                    b, g, n0 = backward_item(t, hk, nkb, kb)
+                    b, g, n0 = item_of(t, hk, nkb, kb)
                     kvo = (kvpipe.producer_acquire() % kv_stages) * kv_stage_elems  # (0 with one stage, folded)
                     for ww in range(kb // BQ):  # each consumer's 64 keys as a tile of their own (one at D = 256)
                         for ch in range(chunks):
@@ -350,6 +378,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         dq_col0 = CHUNK * c0 if halves else (0 if own_keys else CHUNK * w)  # its first column of dQ
         step = 0  # query blocks so far (the dSᵀ buffer)
         nd = 0  # dQ chunks staged so far (the rotating staging buffer)
+        pending = (int32(0), int32(0), int32(-1))  # (deterministic: thread 0's last reduce-add, not yet counted)
         active = cuda.blockIdx.x < items  # (the CTA has work: both consumers take the same turns)
         sk32 = int32(sk)
         if take_turns:
@@ -358,13 +387,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             t = persistent_item(r, causal)
             if t >= items:
                 break
-            b, g, n0 = backward_item(t, hk, nkb, kb)
+            b, g, n0 = item_of(t, hk, nkb, kb)
             k0 = n0 if halves else n0 + BQ * w  # the consumer's first key
             key0 = int32(k0 + row_in_wg)
             key_hi = int32(k0 + BQ - 1)  # the consumer's last key (warp-uniform: the masks' branch)
-            # (deterministic: the adds to a query block's dQ before this consumer's - every lower key block's, and
-            # at D = 64 consumer 0's before consumer 1's)
-            turn = adds * (n0 // kb) + (w * dq_chunks if own_keys else 0)
+            rank = n0 // kb  # (deterministic: the item's key block; at D = 64 consumer 1's adds after consumer 0's)
+            offset = w * dq_chunks if own_keys else 0
             kvo = (kvpipe.consumer_wait() % kv_stages) * kv_stage_elems  # (the item's K/V stage; 0 with one)
             k_w = shared_view(smem, kvo + kv_w, (chunks, BQ, CHUNK))
             v_w = shared_view(smem, kvo + v_base + kv_w, (chunks, BQ, CHUNK))
@@ -435,7 +463,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dq = wgmma_wait_group(1, dq)
                     stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
-                        nd = send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, dq_col0 + CHUNK * (cc - 1))
+                        nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0,
+                                              dq_col0 + CHUNK * (cc - 1))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
@@ -444,7 +473,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dvacc, dkacc, pf, dsf = wgmma_wait_group(0, (dvacc, dkacc, pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
-                    nd = send_dq(nd, dq_stage, dq_map, turns, turn, w, tw, b, h, m0, dq_col0 + CHUNK * (dq_chunks - 1))
+                    nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0,
+                                          dq_col0 + CHUNK * (dq_chunks - 1))
+            if deterministic and tw == 0:
+                pending = count_pending(turns, pending)  # (the item's last add counted before its epilogue)
+            if kv_regs:  # (the warp's ldmatrix reads of K and V before lane 0's release: an item no query block sees
+                cuda.syncwarp()  # - causal, Sk > Sq - has no barrier between them)
             if lane == 0:
                 kvpipe.consumer_release()
             dkacc = wgmma_map(dkacc, times, scale)
@@ -521,8 +555,8 @@ class AttentionBackward(Plan):
     dQ tiles staged in shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an
     element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols"
     or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order:
-    bitwise reproducible, slower), ``pingpong`` (the consumers issue Sᵀ and dPᵀ in turn - a benchmark switch, off:
-    1-5% slower on an H200), ``kv_stages`` (1 or 2: the next item's K and V loaded under this one, where shared
+    bitwise reproducible; 0.37-0.63x of the default causal, ~0.5x full on an H200), ``pingpong`` (the consumers
+    issue Sᵀ and dPᵀ in turn - a benchmark switch, off: 1-5% slower on an H200), ``kv_stages`` (1 or 2: the next item's K and V loaded under this one, where shared
     memory allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: 2 is 1% slower at D = 64, 25% at
     D = 128), ``kv_registers`` (D = 64 only, the default there: K and V of a consumer's keys as register A fragments
     for the whole item, read once with ``ldmatrix``; +4-7% on an H200; False reads them from shared memory in every

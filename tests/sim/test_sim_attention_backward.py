@@ -20,7 +20,9 @@ def two_sms(monkeypatch):
 
 
 CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form)
-    (1, 2, 1, 40, 100, 64, True, False),  # GQA (two query heads per K/V head), causal diagonal, ragged ends
+    (1, 2, 1, 40, 300, 64, True, False),  # GQA (two query heads per K/V head), causal diagonal, ragged ends; three
+    # items on two CTAs, two of them seen by no query (their K and V read into registers, then released: the warps'
+    # reads ordered before lane 0's release by cuda.syncwarp, or the next item's load races them)
     (1, 1, 1, 17, 150, 128, False, True),  # two 64-wide chunks of D, one query block (17 rows), two key items
     (1, 1, 1, 40, 100, 256, True, False),  # D = 256: 64-key items, each consumer half of the head dim; the keys
     # past every query (causal) get dK = dV = 0 from an item without query blocks
@@ -88,8 +90,8 @@ def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
 
 def test_deterministic_mode_counts_dq_turns_by_key_block():
     """deterministic=True: each consumer waits for its query block's turn before reduce-adding dQ and counts its
-    adds after them. One block in the simulator (it runs blocks one after another: the items come in key-block
-    order, every wait is met at once) - what this checks is the counting: every query block ends at 2 adds per key
+    adds (at its next add, or the item's end). One block in the simulator (it runs blocks one after another: the
+    items come in descending key-block order, every wait is met at once) - what this checks is the counting: every query block ends at 2 adds per key
     block that sees it (D = 64: both consumers add), and the gradients of the reference. (Bitwise equality of two
     runs: tests/test_gpu_attention_backward.py.) With kv_stages=2: the second item's K and V load into the second
     stage while the first item runs."""

@@ -226,6 +226,32 @@ ROUNDS = 2
 
 
 @cuda.jit
+def warp_release_sum(src, out, bug):
+    """One producer thread (32) streams ROUNDS tiles through a 1-stage pipeline to one consumer warp whose lane 0
+    releases each stage for the whole warp (``Pipeline(1, 1, 1)``, as the attention kernels' warps do); bug: no
+    ``cuda.syncwarp()`` between the other lanes' reads and that release - nothing orders them before it."""
+    ring = cuda.shared.array((1, R, C), np.float32, alignment=128)
+    pipe = Pipeline(1, 1, 1)
+    tid = cuda.threadIdx.x
+    if tid == T:
+        for r in range(ROUNDS):
+            pipe.producer_acquire()
+            pipe.load(ring[0], src, (r * R, 0))
+            pipe.producer_commit()
+    else:
+        acc = np.float32(0)
+        for r in range(ROUNDS):
+            s = pipe.consumer_wait()
+            for k in range(C):
+                acc += ring[s, tid % R, k]
+            if not bug:
+                cuda.syncwarp()
+            if tid == 0:
+                pipe.consumer_release()
+        out[tid] = acc
+
+
+@cuda.jit
 def cp_async_twice(src, out, bug):
     """Each thread copies 16 bytes with cp.async, all read a neighbour's bytes, then each copies new bytes over
     its own; bug: no block barrier between the neighbour's read and the refill."""
@@ -508,6 +534,13 @@ case("pipeline_arrival_count", pipelined_sum, T + 1, _pipe_make, _pipe_verify, 3
      r"consumer_arrivals=1 release\(s\) per stage)")
 
 
+case("warp_release_without_syncwarp", warp_release_sum, T + 1, _pipe_make, _pipe_verify, 1, SimulatedMisuse,
+     # (lane 0's arrival releases lane 0's reads only; cuda.syncwarp orders the warp's before it, as bar.warp.sync
+     # does on the GPU)
+     r"refills shared bytes .* which thread \(\d+, 0, 0\) read .* with no happens-before edge from that access to "
+     r"this copy")
+
+
 # 17: cp.async refill racing a neighbour's read
 def _cp_make(bug):
     return np.arange(256, dtype=np.float32), np.full(T, np.nan, np.float32), bug
@@ -580,7 +613,7 @@ VARIABLES = {
     "reinit_before_inval": "bar", "refill_without_producer_acquire": "pipe", "missing_consumer_release": "pipe",
     "pipeline_arrival_count": "pipe", "cp_async_refill_without_barrier": "buf", "tile_dtype": "wide",
     "coordinate_count": "src", "tile_not_shared": "glob", "float_coordinate": "src", "swizzle_alignment": "poor",
-    "pipeline_stage_range": "pipe",
+    "pipeline_stage_range": "pipe", "warp_release_without_syncwarp": "ring",
 }
 
 
