@@ -228,8 +228,11 @@ ROUNDS = 2
 @cuda.jit
 def warp_release_sum(src, out, bug):
     """One producer thread (32) streams ROUNDS tiles through a 1-stage pipeline to one consumer warp whose lane 0
-    releases each stage for the whole warp (``Pipeline(1, 1, 1)``, as the attention kernels' warps do); bug: no
-    ``cuda.syncwarp()`` between the other lanes' reads and that release - nothing orders them before it."""
+    releases each stage for the whole warp (``Pipeline(1, 1, 1)``, as the attention kernels' warps do); bug: the
+    lanes meet in a shuffle instead of ``cuda.syncwarp()`` before that release - every lane has read by then, but a
+    shuffle orders no memory (PTX), so nothing orders the other lanes' reads before lane 0's release. (Without any
+    meeting, a slow lane could instead still wait for the round the producer has refilled: a hang, not this
+    report.)"""
     ring = cuda.shared.array((1, R, C), np.float32, alignment=128)
     pipe = Pipeline(1, 1, 1)
     tid = cuda.threadIdx.x
@@ -244,7 +247,9 @@ def warp_release_sum(src, out, bug):
             s = pipe.consumer_wait()
             for k in range(C):
                 acc += ring[s, tid % R, k]
-            if not bug:
+            if bug:
+                acc = cuda.shfl_sync(0xFFFFFFFF, acc, tid % 32)  # (its own value back: the lanes meet, nothing more)
+            else:
                 cuda.syncwarp()
             if tid == 0:
                 pipe.consumer_release()
