@@ -399,7 +399,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             dkacc = wgmma_zeros(dn)
             dvacc = wgmma_zeros(dn)
             if kv_regs:  # (D = 64: K_w and V_w as register A fragments for the whole item; Sᵀ, dPᵀ read only Q, dO)
-                kf, vf = wgmma_fence((box_fragments(smem, kvo + kv_w, tw), box_fragments(smem, kvo + v_base + kv_w, tw)))
+                kf, vf = wgmma_fence((box_fragments(smem, kvo + kv_w, tw),
+                                      box_fragments(smem, kvo + v_base + kv_w, tw)))
             first = n0 // BQ if causal else 0
             for hh in range(group):
                 h = g * group + hh
@@ -556,8 +557,8 @@ class AttentionBackward(Plan):
     element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols"
     or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order:
     bitwise reproducible; 0.37-0.63x of the default causal, ~0.5x full on an H200), ``pingpong`` (the consumers
-    issue Sᵀ and dPᵀ in turn - a benchmark switch, off: 1-5% slower on an H200), ``kv_stages`` (1 or 2: the next item's K and V loaded under this one, where shared
-    memory allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: 2 is 1% slower at D = 64, 25% at
+    issue Sᵀ and dPᵀ in turn - a benchmark switch, off: 1-5% slower on an H200), ``kv_stages`` (1 or 2: the next
+    item's K and V loaded under this one, where shared memory allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: 2 is 1% slower at D = 64, 25% at
     D = 128), ``kv_registers`` (D = 64 only, the default there: K and V of a consumer's keys as register A fragments
     for the whole item, read once with ``ldmatrix``; +4-7% on an H200; False reads them from shared memory in every
     product). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
@@ -647,14 +648,12 @@ class AttentionBackward(Plan):
         self.dq_split = dq_split or default_dq_split(d)
         self.deterministic = bool_option(op, "deterministic", deterministic)
         self.pingpong = bool_option(op, "pingpong", pingpong)
-        if kv_registers is not None:
-            bool_option(op, "kv_registers", kv_registers)
-            if kv_registers and d != 64:
-                raise TensorMapError(f"{op}: kv_registers=True needs head dim 64 (K and V of a consumer's keys as "
-                                     f"register A fragments: {d // 2} more registers a thread at head dim {d}, "
-                                     f"which the consumers do not have), got head dim {d}")
         # D = 64: K and V in registers by default (+4..7% on an H200 against cuDNN in the same run, 2026-11-28)
-        self.kv_registers = d == 64 if kv_registers is None else bool(kv_registers)
+        self.kv_registers = d == 64 if kv_registers is None else bool_option(op, "kv_registers", kv_registers)
+        if self.kv_registers and d != 64:
+            raise TensorMapError(f"{op}: kv_registers=True needs head dim 64 (K and V of a consumer's keys as register "
+                                 f"A fragments: {d // 2} more registers a thread at head dim {d}, which the consumers "
+                                 f"do not have), got head dim {d}")
         if self.deterministic and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: deterministic=True orders dq's TMA reduce-adds; it cannot order "
                                  f"dq_reduce={self.dq_reduce!r}")

@@ -91,8 +91,9 @@ def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
 def test_deterministic_mode_counts_dq_turns_by_key_block():
     """deterministic=True: each consumer waits for its query block's turn before reduce-adding dQ and counts its
     adds (at its next add, or the item's end). One block in the simulator (it runs blocks one after another: the
-    items come in descending key-block order, every wait is met at once) - what this checks is the counting: every query block ends at 2 adds per key
-    block that sees it (D = 64: both consumers add), and the gradients of the reference. (Bitwise equality of two
+    items come in descending key-block order, every wait is met at once) - what this checks is the counting: every
+    query block ends at 2 adds per key block that sees it (D = 64: both consumers add), and the gradients of the
+    reference. (Bitwise equality of two
     runs: tests/test_gpu_attention_backward.py.) With kv_stages=2: the second item's K and V load into the second
     stage while the first item runs."""
     b, hq, hk, sq, sk, d = 1, 2, 1, 70, 150, 64
