@@ -13,6 +13,11 @@ TFLOP/s = 10 B H S^2 D (the backward's five products; half for causal) / time.
 ``--step`` also times a training step's attention, forward + backward, against cuDNN's and flash's (the issue's
 "forward + backward >= 1.05x cuDNN" target; not yet run on a GPU as of 2026-11-28).
 
+``--fa4`` also times FlashAttention-4's backward (``flash_attn.cute.flash_attn_func``, CuTe DSL; its SM90 path
+``FlashAttentionBackwardSm90`` and its pre/postprocess kernels) where the package imports - carried to the GPU machine
+as ../shared/FACTS.md says; optional, never a dependency. It takes (B, S, H, D) tensors: contiguous copies of the same
+data. Its host time per call is logged too (if it exceeded the GPU time, the median would include idle gaps).
+
 ``--variant`` times another AttentionBackward configuration beside the default one (e.g.
 ``--variant keys:dq_split=keys --variant s3:stages=3``; a configuration a head dim refuses is skipped there).
 """
@@ -44,6 +49,8 @@ def main():
     parser.add_argument("--step", action="store_true",
                         help="also time a training step's attention: forward + backward (cuDNN's, flash's, ours; "
                              "TFLOP/s = 14 B H S^2 D, half for causal)")
+    parser.add_argument("--fa4", action="store_true",
+                        help="also time FlashAttention-4's backward (flash_attn.cute, where it imports)")
     args = parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -83,6 +90,8 @@ def main():
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         row[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
                         log(f"  {name:10s} SKIP {type(exc).__name__}: {str(exc)[:150]}")
+                if args.fa4:
+                    fa4_step = _fa4_backward(torch, row, fns, q, k, v, do, ref, causal, timer)
                 o = torch.empty_like(q)
                 lse = torch.empty((b, HEADS, s), device="cuda", dtype=torch.float32)
                 Attention(q, k, v, o, lse, causal=causal).launch()
@@ -121,6 +130,8 @@ def main():
                         fwd.launch()
                         plan.launch()
                     steps = [("numbatma+fwd", our_step)]
+                    if args.fa4 and fa4_step is not None:
+                        steps.append(("fa4+fwd", fa4_step))
                     for name, backend in (("cudnn+fwd", SDPBackend.CUDNN_ATTENTION),
                                           ("flash+fwd", SDPBackend.FLASH_ATTENTION)):
                         if "rel_err" not in row.get(name.split("+")[0], {}):
@@ -140,21 +151,54 @@ def main():
                     r.update(ms=ms, tflops=r.get("flops", flops) / (ms * 1e-3) / 1e12, spread=spread)
                     log(f"  {name:10s} {r['tflops']:7.1f} TFLOP/s  {ms:8.3f} ms  err {r['rel_err']:.1e}  "
                         f"spread {spread:.2f}" + ("" if r["rel_err"] < 2e-2 else "  FAIL"))
-                for peer in ("cudnn", "flash"):
+                for peer in ("cudnn", "flash", "fa4"):
                     if "tflops" in row.get(peer, {}) and "tflops" in row["numbatma"]:
                         row["numbatma"][f"vs_{peer}"] = row["numbatma"]["tflops"] / row[peer]["tflops"]
                 log("  numbatma / cuDNN %.2f, / flash %.2f" % (row["numbatma"].get("vs_cudnn", float("nan")),
-                                                               row["numbatma"].get("vs_flash", float("nan"))))
+                                                               row["numbatma"].get("vs_flash", float("nan")))
+                    + (", / FA4 %.2f" % row["numbatma"]["vs_fa4"] if "vs_fa4" in row["numbatma"] else "")
+                    + (" (FA4 / cuDNN %.2f)" % (row["fa4"]["tflops"] / row["cudnn"]["tflops"])
+                       if "tflops" in row.get("fa4", {}) and "tflops" in row.get("cudnn", {}) else ""))
                 if "tflops" in row.get("numbatma+fwd", {}) and "tflops" in row.get("cudnn+fwd", {}):
                     ratio = row["numbatma+fwd"]["tflops"] / row["cudnn+fwd"]["tflops"]
                     row["numbatma+fwd"]["vs_cudnn"] = ratio
-                    log(f"  forward + backward: numbatma / cuDNN {ratio:.2f}")
+                    log(f"  forward + backward: numbatma / cuDNN {ratio:.2f}"
+                        + (f", FA4 / cuDNN {row['fa4+fwd']['tflops'] / row['cudnn+fwd']['tflops']:.2f}"
+                           if "tflops" in row.get("fa4+fwd", {}) else ""))
                 results.append(row)
                 del q, k, v, do, ref, grads, fns
                 torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+
+
+def _fa4_backward(torch, row, fns, q, k, v, do, ref, causal, timer):
+    """Add FlashAttention-4's backward to ``fns`` (checked against ``ref`` first); return its forward + backward step
+    for ``--step``, or None where FA4 does not import or run (logged, the case goes on without it)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        q4, k4, v4 = (x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+        do4 = do.transpose(1, 2).contiguous()
+        o4 = flash_attn_func(q4, k4, v4, causal=causal)[0]
+
+        def fn():
+            return torch.autograd.grad(o4, (q4, k4, v4), do4, retain_graph=True)
+        got = [g.transpose(1, 2) for g in fn()]
+        row["fa4"] = {"rel_err": max(rel_error(torch, g, r) for g, r in zip(got, ref)),
+                      "host_us": timer.host_us(fn, count=5)}
+        fns.append(("fa4", fn))
+        log(f"  fa4        host {row['fa4']['host_us']:.0f} us a call")
+
+        def step():
+            out = flash_attn_func(q4, k4, v4, causal=causal)[0]
+            return torch.autograd.grad(out, (q4, k4, v4), do4)
+        return step
+    except Exception as exc:  # noqa: BLE001 - optional peer: report and go on
+        row["fa4"] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        log(f"  fa4        SKIP {type(exc).__name__}: {str(exc)[:150]}")
+        return None
 
 
 if __name__ == "__main__":
