@@ -11,7 +11,8 @@ orders) are plain Python.
 
 Named barriers (ids 0..15; 0 is ``cuda.syncthreads()``): consumer warpgroup ``c`` synchronises its own 128
 threads on id ``1 + c`` (:func:`warpgroup_sync`); :func:`pingpong` takes the ids after those by default
-(``1 + consumers ..``), :func:`tile_handoff` the one after pingpong's (``1 + 2 consumers``).
+(``1 + consumers ..``), :func:`tile_handoff` the one after pingpong's (``1 + 2 consumers``), :func:`store_warp`
+the ``2 consumers`` after that (``2 + 2 consumers ..``).
 
 docs/tensor_cores.md ("Building blocks for warp-specialized kernels") shows a kernel written with them;
 kernels/gemm.py and kernels/attention.py are built on them.
@@ -31,7 +32,7 @@ from .wgmma import wgmma_wait_group
 __all__ = ["WARPGROUP", "REGISTER_FILE", "RegisterBudget", "register_budget", "warp_specialize", "warpgroup_sync",
            "PingPong", "pingpong", "tile_origin", "persistent_item", "persistent_share", "persistent_grid",
            "wait_release", "LaggedRelease", "lagged_release", "store_release", "StoreBuffers", "store_buffers",
-           "TileHandoff", "tile_handoff"]
+           "TileHandoff", "tile_handoff", "StoreWarp", "store_warp"]
 
 PTX = {}  # (no instruction of its own: every block is made of other families' intrinsics)
 
@@ -408,3 +409,65 @@ def tile_handoff(consumers=2, barrier=None):
         named_barrier_sync(barrier, threads)
 
     return TileHandoff(own, every_consumer)
+
+
+# -- a store warp: TMA stores / reduce-adds issued for the consumers ---------------------------------------------
+StoreWarp = namedtuple("StoreWarp", "acquire publish free take")
+StoreWarp.__doc__ = """The four device functions of :func:`store_warp`: the consumers' ``acquire(c)`` /
+``publish(c)`` around writing their buffer, the store warp's ``free(lane)`` / ``take(c)`` around storing it."""
+
+
+@functools.lru_cache(maxsize=None)
+def store_warp(consumers=2, first_barrier=None):
+    """Consumer warpgroups hand a shared buffer each to one **store warp** (a warp of the producer warpgroup) that
+    issues its TMA stores or reduce-adds, so that a consumer never waits for a TMA issue, a bulk-group wait or a
+    barrier of its own warpgroup - FA3's and FA4's dQ writer in the attention backward. Two named barriers per
+    consumer ``c``, each of 160 threads (the warpgroup's 128 and the store warp's 32): "full"
+    ``first_barrier + c`` and "empty" ``first_barrier + consumers + c`` (default ``first_barrier``:
+    ``2 + 2 consumers``, after :func:`tile_handoff`'s id).
+
+    * consumer ``c``, per chunk: ``acquire(c)`` (``bar.sync`` empty: the store warp has read its last chunk out of
+      the buffer), write the buffer (``wgmma_store``...), ``publish(c)`` (``fence.proxy.async.shared::cta``, then
+      ``bar.arrive`` full: no wait).
+    * the store warp (all 32 lanes), per round of chunks (one from each consumer): ``free(lane)`` - lane 0, the lane
+      that issues the stores, waits until every store it issued has read its buffer (``bulk_wait_group_read(0)``),
+      the warp meets (``cuda.syncwarp()``), then ``bar.arrive`` empty for every consumer - and per consumer ``c``
+      ``take(c)`` (``bar.sync`` full: its chunk is written and visible to the async proxy), after which lane 0
+      issues its stores and ``bulk_commit_group()``.
+
+    Every consumer makes one ``acquire`` and one ``publish`` per round, the store warp one ``free`` and a ``take``
+    per consumer - the same count, or the kernel hangs (every consumer and the store warp walk the same schedule);
+    lane 0 calls ``bulk_wait_group(0)`` before the kernel ends. A chunk may be several buffers written between one
+    ``acquire`` and one ``publish``."""
+    if first_barrier is None:
+        first_barrier = 2 + 2 * consumers
+    if (not isinstance(consumers, int) or consumers < 1 or not isinstance(first_barrier, int) or first_barrier < 1
+            or first_barrier + 2 * consumers > 16):
+        raise ValueError(f"store_warp: needs consumers >= 1 (an int) and barrier ids {first_barrier}.."
+                         f"{first_barrier + 2 * consumers - 1} within 1..15, got consumers={consumers!r}, "
+                         f"first_barrier={first_barrier!r}")
+    full, empty = first_barrier, first_barrier + consumers
+    threads = WARPGROUP + 32
+
+    @cuda.jit(device=True, inline="always")
+    def acquire(c):
+        named_barrier_sync(empty + c, threads)
+
+    @cuda.jit(device=True, inline="always")
+    def publish(c):
+        fence_proxy_async_shared_cta()
+        named_barrier_arrive(full + c, threads)
+
+    @cuda.jit(device=True, inline="always")
+    def free(lane):
+        if lane == 0:
+            bulk_wait_group_read(0)
+        cuda.syncwarp()
+        for c in range(consumers):
+            named_barrier_arrive(empty + c, threads)
+
+    @cuda.jit(device=True, inline="always")
+    def take(c):
+        named_barrier_sync(full + c, threads)
+
+    return StoreWarp(acquire, publish, free, take)

@@ -66,6 +66,7 @@ from numbatma.intrinsics import (
     bulk_commit_group,
     bulk_wait_group,
     store_buffers,
+    store_warp,
     tile_handoff,
     tma_reduce,
     elect_one_sync,
@@ -161,8 +162,9 @@ def default_dq_split(d):
 
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
-                     deterministic=False, take_turns=False, kv_stages=1, kv_regs=False):
+                     deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False):
     """The main kernel of one configuration (compile-time constants of the closure)."""
+    writer = writer and dq_reduce == "tma"  # (dQ's reduce-adds issued by warp 1 of the producer warpgroup)
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
     own_keys = (split or default_dq_split(d)) == "keys"
@@ -187,6 +189,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     dq_elems = BQ * CHUNK  # a staged dQ chunk: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
     # (written by the warpgroup, TMA-reduced into dq's accumulator by its thread 0; one barrier a chunk)
     dq_out = store_buffers(dq_buffers, wait_in_publish=dq_buffers >= 2)
+    dq_writer = store_warp(2)  # (writer: each consumer's chunks of a step handed to the store warp; barriers 6..9)
+    if writer:
+        dq_buffers = dq_chunks  # (a buffer per chunk of a step: the store warp has read them by the next step)
     stats_elems = 2 * stages * BQ  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
     dq_stage_elems = 2 * dq_buffers * dq_elems  # (static: each consumer's rotating dQ chunks)
 
@@ -280,6 +285,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         ``red.global.add.f32`` an element."""
         if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
             wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
+        elif writer:  # (chunk nd of the step into its own buffer; the first waits until the store warp freed them)
+            if nd == 0:
+                dq_writer.acquire(w)
+            wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
         else:
             dq_out.acquire(w, tw)  # (one staging buffer: the reduce that last read it has read it)
             wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
@@ -363,6 +372,65 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                                            (b, h, i * BQ, CHUNK * ch))
                             qpipe.load(shared_view(stats, 2 * s * BQ, (2, BQ)), stats_map, (b, h, 0, i * BQ))
                             qpipe.producer_commit()
+        elif writer and cuda.threadIdx.x < 64:
+            store_dq(dq_stage, dq_map, turns, items, nkb, nqb, rounds, hk, group)
+
+    @cuda.jit(device=True, inline="always")
+    def store_dq(dq_stage, dq_map, turns, items, nkb, nqb, rounds, hk, group):
+        """``writer``: warp 1 of the producer warpgroup, the consumers' store warp (``store_warp``): per query block
+        of every item (the consumers' schedule), frees both consumers' dQ buffers once its last reduce-adds have read
+        them, then takes consumer 0's chunks, then consumer 1's, and lane 0 reduce-adds each into dq's float32
+        accumulator (two 64 x 32 boxes a chunk, one bulk group a consumer).
+
+        ``deterministic``: before taking a block's chunks, lane 0 waits until the block's turn counter reaches the
+        number of key blocks above this item's that see the block (each counted once all its adds are performed -
+        at this warp's next block, or the item's end), and adds consumer 1's chunks only after consumer 0's are
+        performed where both add into the same tile (D = 64)."""
+        lane = cuda.threadIdx.x % 32
+        pb, ph, pi = int32(0), int32(0), int32(-1)  # (deterministic: the block whose adds are not yet counted)
+        for r in range(rounds):
+            t = persistent_item(r, causal)
+            if t >= items:
+                break
+            b, g, n0 = item_of(t, hk, nkb, kb)
+            rank = n0 // kb
+            first = n0 // BQ if causal else 0
+            for hh in range(group):
+                h = g * group + hh
+                for i in range(first, nqb):
+                    m0 = int32(i * BQ)
+                    if deterministic and lane == 0 and pi >= 0:  # (the last block's adds performed, counted)
+                        bulk_wait_group(0)
+                        cuda.threadfence()
+                        cuda.atomic.add(turns, (pb, ph, pi), 1)
+                        pi = int32(-1)
+                    dq_writer.free(lane)  # (both consumers' buffers: the last reduce-adds have read them)
+                    if deterministic and lane == 0:
+                        last = min(nkb - 1, (m0 + BQ - 1) // kb) if causal else nkb - 1  # (its highest key block)
+                        while cuda.atomic.add(turns, (b, h, i), 0) < last - rank:
+                            pass
+                        cuda.threadfence()
+                    for w in range(2):
+                        dq_writer.take(w)
+                        if lane == 0:
+                            if deterministic and own_keys and w == 1:
+                                bulk_wait_group(0)  # (consumer 0's adds into the same tile first)
+                            col0 = CHUNK * own * w if halves else (0 if own_keys else CHUNK * w)
+                            for cc in range(dq_chunks):
+                                at = int32((w * dq_buffers + cc) * dq_elems)
+                                for j in range(2):
+                                    tma_reduce("add", dq_map, (b, h, m0, col0 + CHUNK * cc + 32 * j),
+                                               shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
+                            bulk_commit_group()
+                    if deterministic:
+                        pb, ph, pi = int32(b), int32(h), int32(i)
+            if deterministic and lane == 0 and pi >= 0:  # (the item's last block counted before the next item)
+                bulk_wait_group(0)
+                cuda.threadfence()
+                cuda.atomic.add(turns, (pb, ph, pi), 1)
+                pi = int32(-1)
+        if lane == 0:
+            bulk_wait_group(0)  # (dq's last reduces complete before the kernel ends)
 
     @cuda.jit(device=True, inline="always")
     def consumer(w, args):
@@ -462,21 +530,27 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
                     dq = wgmma_wait_group(1, dq)
-                    stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0)
+                    stage_dq(dq, 0 if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
+                             dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
-                        nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0,
-                                              dq_col0 + CHUNK * (cc - 1))
+                        if not writer:
+                            nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h,
+                                                  m0, dq_col0 + CHUNK * (cc - 1))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        stage_dq(dq, nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq, dq_col0 + CHUNK * cc)
+                        stage_dq(dq, cc if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
+                                 dq_col0 + CHUNK * cc)
                     dvacc, dkacc, pf, dsf = wgmma_wait_group(0, (dvacc, dkacc, pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
-                    nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0,
-                                          dq_col0 + CHUNK * (dq_chunks - 1))
-            if deterministic and tw == 0:
+                    if writer:
+                        dq_writer.publish(w)  # (the store warp reduce-adds the step's chunks: no wait here)
+                    else:
+                        nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0,
+                                              dq_col0 + CHUNK * (dq_chunks - 1))
+            if deterministic and not writer and tw == 0:
                 pending = count_pending(turns, pending)  # (the item's last add counted before its epilogue)
             if kv_regs:  # (the warp's ldmatrix reads of K and V before lane 0's release: an item no query block sees
                 cuda.syncwarp()  # - causal, Sk > Sq - has no barrier between them)
@@ -487,7 +561,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             wgmma_store_global(dvacc, dv[b, g], k0, CHUNK * c0)
         if take_turns:
             turn_finish(w, active)
-        if tw == 0:
+        if tw == 0 and not writer:
             bulk_wait_group(0)  # (dq's last reduces complete before the kernel ends)
 
     budget = register_budget(2, producer=24)  # (consumers 240: dK and dV, Sᵀ and dPᵀ live together)
@@ -567,7 +641,8 @@ class AttentionBackward(Plan):
     writes = ("dq", "dk", "dv")
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
-                 dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None):
+                 dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
+                 dq_writer=False):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -626,19 +701,11 @@ class AttentionBackward(Plan):
                                  f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
         self.scale = scale
         self.kv_stages = int_option(op, "kv_stages", kv_stages, 1, 2)
-
-        def fits(n, buffers=1):
-            return shared_bytes(d, n, self.kv_stages) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
-
-        # default: three stages where they fit beside two staged dQ chunks per consumer (D = 64: +1.5% over two on
-        # an H200), else two (D = 128: a third would cost the second dQ buffer, -28%), else one (D = 256)
-        default = 3 if fits(3, 2) else (2 if fits(2) else 1)
-        self.stages = int_option(op, "stages", default if stages is None else stages, 1, 4)
-        if not fits(self.stages):
-            raise TensorMapError(f"{op}: stages={self.stages} and kv_stages={self.kv_stages} with head dim {d} need "
-                                 f"{shared_bytes(d, self.stages, self.kv_stages) + static_shared_bytes(self.stages, 1)}"
-                                 f" bytes of shared memory; a block may use {SMEM_LIMIT}")
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
+        self.dq_writer = bool_option(op, "dq_writer", dq_writer)
+        if self.dq_writer and self.dq_reduce != "tma":
+            raise TensorMapError(f"{op}: dq_writer=True hands dq's TMA reduce-adds to a store warp; "
+                                 f"dq_reduce={self.dq_reduce!r} has none")
         if dq_split is not None:
             choice_option(op, "dq_split", dq_split, DQ_SPLITS)
             if d == 256 or (dq_split == "cols" and d != 128):
@@ -646,6 +713,22 @@ class AttentionBackward(Plan):
                                      f"128, 'keys' 64 or 128 (at 256 the consumers split the head dim of one "
                                      f"64-key item)")
         self.dq_split = dq_split or default_dq_split(d)
+        # (dq_writer: one staging buffer per 64-wide dQ chunk a consumer makes per query block - the store warp has
+        # read it by the next block; otherwise two rotating ones where they fit)
+        writer_buffers = 2 if d == 256 or (d == 128 and self.dq_split == "keys") else 1
+
+        def fits(n, buffers=1):
+            return shared_bytes(d, n, self.kv_stages) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
+
+        # default: three stages where they fit beside two staged dQ chunks per consumer (D = 64: +1.5% over two on
+        # an H200), else two (D = 128: a third would cost the second dQ buffer, -28%), else one (D = 256)
+        default = 3 if fits(3, writer_buffers if self.dq_writer else 2) else (2 if fits(2) else 1)
+        self.stages = int_option(op, "stages", default if stages is None else stages, 1, 4)
+        least = writer_buffers if self.dq_writer else 1  # (staged dQ chunks a consumer needs)
+        if not fits(self.stages, least):
+            need = shared_bytes(d, self.stages, self.kv_stages) + static_shared_bytes(self.stages, least)
+            raise TensorMapError(f"{op}: stages={self.stages} and kv_stages={self.kv_stages} with head dim {d} need "
+                                 f"{need} bytes of shared memory; a block may use {SMEM_LIMIT}")
         self.deterministic = bool_option(op, "deterministic", deterministic)
         self.pingpong = bool_option(op, "pingpong", pingpong)
         # D = 64: K and V in registers by default (+4..7% on an H200 against cuDNN in the same run, 2026-11-28)
@@ -698,10 +781,11 @@ class AttentionBackward(Plan):
                       turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk,
                       np.float32(scale * 1.4426950408889634),
                       np.float32(scale))
-        self.dq_buffers = 2 if fits(self.stages, 2) else 1  # (staged dQ chunks per consumer)
+        self.dq_buffers = (writer_buffers if self.dq_writer else  # (staged dQ chunks per consumer)
+                           2 if fits(self.stages, 2) else 1)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
                                        self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic,
-                                       self.pingpong, self.kv_stages, self.kv_registers)
+                                       self.pingpong, self.kv_stages, self.kv_registers, self.dq_writer)
 
     args = property(lambda self: self._args)
 

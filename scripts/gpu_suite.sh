@@ -9,7 +9,8 @@
 #                                                        # bwdprofile: ncu over scripts/profile_attention_backward.py;
 #                                                        # bwdsource: its main kernel's stall samples per SASS line;
 #                                                        # train: examples/torch/train_block.py)
-#   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through
+#   TESTS=tests/test_gpu_pipeline.py BENCH_ARGS="--quick" PYTEST_ARGS="-x"   # passed through (word-split)
+#   PYTEST_K="store_warp or determin"                                      # pytest -k, one argument
 #   EXAMPLES="examples/gemm.py" GEMM_ARGS="--only square --quick"  TEST_TIMEOUT=120
 # Needs the wheels from scripts/fetch_wheels.sh in .whl/ (numpy < 2.5 for numba-cuda 0.30.4; pytest-timeout; compute-sanitizer).
 # Logs go to $OUT (or ./gpu-logs) so they come back from the device machine.
@@ -20,7 +21,7 @@ mkdir -p "$out"
 site=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl || exit 1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . || exit 1
-export PYTHONPATH="$site"
+export PYTHONPATH="$site${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}"  # (EXTRA_PYTHONPATH: optional peers such as FA4, unpacked by the caller)
 export PYTHONUNBUFFERED=1
 cd /tmp  # import the installed copy, not the checkout
 repo=$OLDPWD
@@ -89,7 +90,8 @@ if [[ $parts == *" tests "* ]]; then
   python3 -c "import xdist" 2>/dev/null && xdist="-n 8"
   # a hung kernel ends its test (stacks dumped, the worker replaced) instead of the whole run
   python3 -c "import pytest_timeout" 2>/dev/null && xdist+=" --timeout ${TEST_TIMEOUT:-180} --timeout-method=thread"
-  python3 -m pytest -q -rfEs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log" || status=1
+  python3 -m pytest -q -rfEs -p no:cacheprovider $xdist $paths ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+    | tee "$out/pytest.log" || status=1
 fi
 if [[ $parts == *" examples "* ]]; then
   for ex in ${EXAMPLES:-"$repo"/examples/*.py}; do
@@ -114,14 +116,14 @@ fi
 ncu_sections() {
   local limit=$1 log=$2 extra=$3 script=$4; shift 4
   timeout "$limit" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
-    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section "$extra" \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats $(printf -- '--section %s ' $extra) \
     python3 "$repo/scripts/$script" "$@" 2>&1 | tee "$out/$log"
 }
 if [[ $parts == *" attnprofile "* ]]; then  # where attention's time goes: numbatma vs cuDNN under ncu (one launch each)
   ncu_sections ${ATTN_PROFILE_TIMEOUT:-240} attention_profile.log Occupancy profile_attention.py ${ATTN_PROFILE_ARGS:-}
 fi
 if [[ $parts == *" bwdprofile "* ]]; then  # where attention backward's time goes: numbatma vs cuDNN under ncu
-  ncu_sections ${BWD_PROFILE_TIMEOUT:-240} attention_backward_profile.log MemoryWorkloadAnalysis \
+  ncu_sections ${BWD_PROFILE_TIMEOUT:-240} attention_backward_profile.log "MemoryWorkloadAnalysis LaunchStats" \
     profile_attention_backward.py ${BWD_PROFILE_ARGS:-}
 fi
 if [[ $parts == *" bwdsource "* ]]; then  # the backward's main kernel, per SASS instruction: where its warps stall

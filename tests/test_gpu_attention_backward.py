@@ -162,7 +162,21 @@ def test_atomic_dq_and_one_stage(d):
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_deterministic_mode_gives_the_same_bits_twice(d):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dq_store_warp(d, causal):
+    """dq_writer=True: the consumers hand dQ's staged chunks to warp 1 of the producer warpgroup, which reduce-adds
+    them (named-barrier hand-offs, one staging buffer per chunk): GQA, ragged ends, Sq != Sk both ways, several items
+    and query blocks per CTA; at D = 128 also with dq_split="keys" (two chunks a step) and two stages."""
+    run_case(1, 4, 2, 1000, 700, d, causal, dq_writer=True)
+    run_case(2, 2, 2, 17, 1500, d, causal, dq_writer=True)
+    if d == 128:
+        run_case(1, 2, 1, 700, 900, d, causal, dq_writer=True, dq_split="keys")
+        run_case(1, 2, 2, 900, 700, d, causal, dq_writer=True, stages=2)
+
+
+@pytest.mark.parametrize("writer", [False, True], ids=["consumers", "store-warp"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_deterministic_mode_gives_the_same_bits_twice(d, writer):
     """deterministic=True: dq's additions in key-block order - two runs give bitwise equal dq, dk, dv (and the
     reference's values); GQA and causal, enough key blocks per query block that the order matters."""
     torch.manual_seed(d)
@@ -175,7 +189,7 @@ def test_deterministic_mode_gives_the_same_bits_twice(d):
     runs = []
     for _ in range(2):
         grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-        AttentionBackward(q, k, v, o, do, lse, *grads, causal=True, deterministic=True).launch()
+        AttentionBackward(q, k, v, o, do, lse, *grads, causal=True, deterministic=True, dq_writer=writer).launch()
         torch.cuda.synchronize()
         runs.append(grads)
     for name, a, c in zip(("dq", "dk", "dv"), *runs):
