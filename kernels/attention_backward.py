@@ -162,7 +162,7 @@ def default_dq_split(d):
 
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
-                     deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False):
+                     deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False, dv_first=False):
     """The main kernel of one configuration (compile-time constants of the closure)."""
     writer = writer and dq_reduce == "tma"  # (dQ's reduce-adds issued by warp 1 of the producer warpgroup)
     chunks = d // CHUNK
@@ -464,8 +464,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             kvo = (kvpipe.consumer_wait() % kv_stages) * kv_stage_elems  # (the item's K/V stage; 0 with one)
             k_w = shared_view(smem, kvo + kv_w, (chunks, BQ, CHUNK))
             v_w = shared_view(smem, kvo + v_base + kv_w, (chunks, BQ, CHUNK))
-            dkacc = wgmma_zeros(dn)
-            dvacc = wgmma_zeros(dn)
+            # (zeroed, then fenced once: inside the loop dK and dV pass only through their own wgmma - tied through
+            # every step's fence and wait as well, ptxas moved them between registers, ~180 moves a step at D = 128)
+            dkacc, dvacc = wgmma_fence((wgmma_zeros(dn), wgmma_zeros(dn)))
             if kv_regs:  # (D = 64: K_w and V_w as register A fragments for the whole item; Sᵀ, dPᵀ read only Q, dO)
                 kf, vf = wgmma_fence((box_fragments(smem, kvo + kv_w, tw),
                                       box_fragments(smem, kvo + v_base + kv_w, tw)))
@@ -513,6 +514,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * box, (BQ, CHUNK)), q_map, 0, 0)
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
+                    do_own = shared_view(smem, int32(q_at + q_elems + c0 * box), (own, BQ, CHUNK))
+                    q_own = shared_view(smem, int32(q_at + c0 * box), (own, BQ, CHUNK))
+                    if dv_first:  # (dV += Pᵀ dO issued before the barrier: the tensor cores work while it waits)
+                        pf = wgmma_fence(pf)
+                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
+                        wgmma_commit_group()
                     if halves or own_keys:
                         ds_handoff.own(w)  # (dQ reads only this consumer's dSᵀ)
                     else:
@@ -520,16 +527,18 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     step += 1
                     # dQ = dS K (first, its staging overlaps dV and dK), dV += Pᵀ dO, dK += dSᵀ Q (the queries as
                     # K; dO and Q MN-major from the stage; Pᵀ and dSᵀ from registers)
-                    dvacc, dkacc, pf, dsf = wgmma_fence((dvacc, dkacc, pf, dsf))
-                    dq = wgmma_fence(wgmma_zeros(CHUNK))
+                    if dv_first:
+                        dq, dsf = wgmma_fence((wgmma_zeros(CHUNK), dsf))
+                    else:
+                        pf, dsf = wgmma_fence((pf, dsf))
+                        dq = wgmma_fence(wgmma_zeros(CHUNK))
                     dq = dq_product(smem, kvo, dq, u, w, 0, q_map, k_map)
                     wgmma_commit_group()
-                    do_own = shared_view(smem, int32(q_at + q_elems + c0 * box), (own, BQ, CHUNK))
-                    q_own = shared_view(smem, int32(q_at + c0 * box), (own, BQ, CHUNK))
-                    dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
+                    if not dv_first:
+                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
-                    dq = wgmma_wait_group(1, dq)
+                    dq = wgmma_wait_group(1, dq)  # (dV's group, if first, and dQ's completed)
                     stage_dq(dq, 0 if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
                              dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
@@ -542,7 +551,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                         dq = wgmma_wait_group(0, dq)
                         stage_dq(dq, cc if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
                                  dq_col0 + CHUNK * cc)
-                    dvacc, dkacc, pf, dsf = wgmma_wait_group(0, (dvacc, dkacc, pf, dsf))
+                    pf, dsf = wgmma_wait_group(0, (pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
                     if writer:
@@ -556,6 +565,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                 cuda.syncwarp()  # - causal, Sk > Sq - has no barrier between them)
             if lane == 0:
                 kvpipe.consumer_release()
+            dkacc, dvacc = wgmma_wait_group(0, (dkacc, dvacc))  # (their last products completed: read below)
             dkacc = wgmma_map(dkacc, times, scale)
             wgmma_store_global(dkacc, dk[b, g], k0, CHUNK * c0)
             wgmma_store_global(dvacc, dv[b, g], k0, CHUNK * c0)
@@ -642,7 +652,7 @@ class AttentionBackward(Plan):
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
                  dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
-                 dq_writer=False):
+                 dq_writer=False, dv_first=False):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -703,6 +713,7 @@ class AttentionBackward(Plan):
         self.kv_stages = int_option(op, "kv_stages", kv_stages, 1, 2)
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
         self.dq_writer = bool_option(op, "dq_writer", dq_writer)
+        self.dv_first = bool_option(op, "dv_first", dv_first)
         if self.dq_writer and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: dq_writer=True hands dq's TMA reduce-adds to a store warp; "
                                  f"dq_reduce={self.dq_reduce!r} has none")
@@ -785,7 +796,8 @@ class AttentionBackward(Plan):
                            2 if fits(self.stages, 2) else 1)
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
                                        self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic,
-                                       self.pingpong, self.kv_stages, self.kv_registers, self.dq_writer)
+                                       self.pingpong, self.kv_stages, self.kv_registers, self.dq_writer,
+                                       self.dv_first)
 
     args = property(lambda self: self._args)
 
