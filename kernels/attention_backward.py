@@ -105,6 +105,7 @@ __all__ = ["AttentionBackward", "attention_backward"]
 # BQ (64): query rows per step - one box of Q and of dO per 64-wide chunk of the head dim (from the row kernels' module,
 # whose statistics are padded to it)
 HEAD_DIMS = (64, 128, 256)
+MAILBOX = 8  # int32 words of the dq_writer's mailbox (batch, head, first row, turn count, item end)
 DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
 
 
@@ -285,9 +286,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         ``red.global.add.f32`` an element."""
         if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
             wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
-        elif writer:  # (chunk nd of the step into its own buffer; the first waits until the store warp freed them)
-            if nd == 0:
-                dq_writer.acquire(w)
+        elif writer:  # (chunk nd of the step into its own buffer: the caller acquired them)
             wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
         else:
             dq_out.acquire(w, tw)  # (one staging buffer: the reduce that last read it has read it)
@@ -343,7 +342,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     def producer(args):
         """One elected thread: per item K and V (into the next of ``kv_stages`` stages), then Q and dO of every
         query block of every query head of the group that sees the item's keys."""
-        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
+        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
          batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         if cuda.threadIdx.x < 32:
@@ -373,69 +372,80 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                             qpipe.load(shared_view(stats, 2 * s * BQ, (2, BQ)), stats_map, (b, h, 0, i * BQ))
                             qpipe.producer_commit()
         elif writer and cuda.threadIdx.x < 64:
-            store_dq(dq_stage, dq_map, turns, items, nkb, nqb, rounds, hk, group)
+            store_dq(dq_stage, mailbox, dq_map, turns)
 
     @cuda.jit(device=True, inline="always")
-    def store_dq(dq_stage, dq_map, turns, items, nkb, nqb, rounds, hk, group):
-        """``writer``: warp 1 of the producer warpgroup, the consumers' store warp (``store_warp``): per query block
-        of every item (the consumers' schedule), frees both consumers' dQ buffers once its last reduce-adds have read
-        them, then takes consumer 0's chunks, then consumer 1's, and lane 0 reduce-adds each into dq's float32
-        accumulator (two 64 x 32 boxes a chunk, one bulk group a consumer).
+    def store_dq(dq_stage, mailbox, dq_map, turns):
+        """``writer``: warp 1 of the producer warpgroup, the consumers' store warp (``store_warp``). Per query block
+        the consumers stage: frees both consumers' dQ buffers once its last reduce-adds have read them, takes consumer
+        0's chunks - and from its mailbox (batch, head, first row; batch -1: no more blocks) what they are - then
+        consumer 1's, lane 0 reduce-adding each into dq's float32 accumulator (two 64 x 32 boxes a chunk, one bulk
+        group a consumer). It keeps no schedule of its own: its few registers hold no item state.
 
-        ``deterministic``: before taking a block's chunks, lane 0 waits until the block's turn counter reaches the
-        number of key blocks above this item's that see the block (each counted once all its adds are performed -
-        at this warp's next block, or the item's end), and adds consumer 1's chunks only after consumer 0's are
-        performed where both add into the same tile (D = 64)."""
+        ``deterministic``: before its first add into a block, lane 0 waits until the block's turn counter reaches the
+        mailbox's count (the key blocks above this item's that see the block, each counted once all its adds are
+        performed - at the warp's next block, or at once for an item's last block); at D = 64, where both
+        consumers add into the same tile, consumer 1's adds go after consumer 0's are performed."""
         lane = cuda.threadIdx.x % 32
         pb, ph, pi = int32(0), int32(0), int32(-1)  # (deterministic: the block whose adds are not yet counted)
-        for r in range(rounds):
-            t = persistent_item(r, causal)
-            if t >= items:
-                break
-            b, g, n0 = item_of(t, hk, nkb, kb)
-            rank = n0 // kb
-            first = n0 // BQ if causal else 0
-            for hh in range(group):
-                h = g * group + hh
-                for i in range(first, nqb):
-                    m0 = int32(i * BQ)
-                    if deterministic and lane == 0 and pi >= 0:  # (the last block's adds performed, counted)
-                        bulk_wait_group(0)
-                        cuda.threadfence()
-                        cuda.atomic.add(turns, (pb, ph, pi), 1)
-                        pi = int32(-1)
-                    dq_writer.free(lane)  # (both consumers' buffers: the last reduce-adds have read them)
-                    if deterministic and lane == 0:
-                        last = min(nkb - 1, (m0 + BQ - 1) // kb) if causal else nkb - 1  # (its highest key block)
-                        while cuda.atomic.add(turns, (b, h, i), 0) < last - rank:
-                            pass
-                        cuda.threadfence()
-                    for w in range(2):
-                        dq_writer.take(w)
-                        if lane == 0:
-                            if deterministic and own_keys and w == 1:
-                                bulk_wait_group(0)  # (consumer 0's adds into the same tile first)
-                            col0 = CHUNK * own * w if halves else (0 if own_keys else CHUNK * w)
-                            for cc in range(dq_chunks):
-                                at = int32((w * dq_buffers + cc) * dq_elems)
-                                for j in range(2):
-                                    tma_reduce("add", dq_map, (b, h, m0, col0 + CHUNK * cc + 32 * j),
-                                               shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
-                            bulk_commit_group()
-                    if deterministic:
-                        pb, ph, pi = int32(b), int32(h), int32(i)
-            if deterministic and lane == 0 and pi >= 0:  # (the item's last block counted before the next item)
+        while True:
+            if deterministic and lane == 0 and pi >= 0:  # (the last block's adds performed, then counted)
                 bulk_wait_group(0)
                 cuda.threadfence()
                 cuda.atomic.add(turns, (pb, ph, pi), 1)
                 pi = int32(-1)
+            dq_writer.free(lane)  # (both consumers' buffers: the last reduce-adds have read them)
+            dq_writer.take(0)
+            b = mailbox[0]
+            if b < 0:  # (the consumers' last hand-off: nothing staged)
+                dq_writer.take(1)
+                break
+            h = mailbox[1]
+            m0 = mailbox[2]
+            if deterministic and lane == 0:
+                while cuda.atomic.add(turns, (b, h, m0 // BQ), 0) < mailbox[3]:
+                    pass
+                cuda.threadfence()
+            for w in range(2):
+                if w == 1:
+                    dq_writer.take(1)
+                if lane == 0:
+                    if deterministic and own_keys and w == 1:
+                        bulk_wait_group(0)  # (consumer 0's adds into the same tile first)
+                    col0 = CHUNK * own * w if halves else (0 if own_keys else CHUNK * w)
+                    for cc in range(dq_chunks):
+                        at = int32((w * dq_buffers + cc) * dq_elems)
+                        for j in range(2):
+                            tma_reduce("add", dq_map, (b, h, m0, col0 + CHUNK * cc + 32 * j),
+                                       shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
+                    bulk_commit_group()
+            if deterministic:
+                pb, ph, pi = b, h, m0 // BQ
+                if mailbox[4] != 0 and lane == 0:  # (an item's last block: counted before the next item, whose
+                    bulk_wait_group(0)              # adds may wait for it in another CTA)
+                    cuda.threadfence()
+                    cuda.atomic.add(turns, (pb, ph, pi), 1)
+                    pi = int32(-1)
         if lane == 0:
             bulk_wait_group(0)  # (dq's last reduces complete before the kernel ends)
 
     @cuda.jit(device=True, inline="always")
+    def post_block(mailbox, b, h, m0, rank, nkb, item_end):
+        """``writer``: the query block whose dQ chunks the consumers stage now, for the store warp: batch, head,
+        first row, (``deterministic``) the key blocks above the item's that see the block - its turn count - and
+        whether it is the item's last block."""
+        mailbox[0] = b
+        mailbox[1] = h
+        mailbox[2] = m0
+        if deterministic:
+            last = min(nkb - 1, (m0 + BQ - 1) // kb) if causal else nkb - 1  # (the block's highest key block)
+            mailbox[3] = int32(last - rank)
+            mailbox[4] = int32(item_end)
+
+    @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
-        (smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
+        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
          batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
@@ -539,6 +549,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
                     wgmma_commit_group()
                     dq = wgmma_wait_group(1, dq)  # (dV's group, if first, and dQ's completed)
+                    if writer:  # (the buffers free again; consumer 0 tells the store warp what this block is)
+                        dq_writer.acquire(w)
+                        if w == 0 and tw == 0:
+                            post_block(mailbox, b, h, m0, int32(rank), nkb, hh == group - 1 and i == nqb - 1)
                     stage_dq(dq, 0 if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
                              dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
@@ -569,6 +583,11 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             dkacc = wgmma_map(dkacc, times, scale)
             wgmma_store_global(dkacc, dk[b, g], k0, CHUNK * c0)
             wgmma_store_global(dvacc, dv[b, g], k0, CHUNK * c0)
+        if writer:  # (the last hand-off: no block - the store warp stops)
+            dq_writer.acquire(w)
+            if w == 0 and tw == 0:
+                mailbox[0] = -1
+            dq_writer.publish(w)
         if take_turns:
             turn_finish(w, active)
         if tw == 0 and not writer:
@@ -584,10 +603,11 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
         dq_stage = cuda.shared.array(dq_stage_elems, np.float32, alignment=1024)  # the consumers' dQ tiles
+        mailbox = cuda.shared.array(MAILBOX, np.int32)  # (dq_writer: what the staged chunks are, for the store warp)
         kvpipe = Pipeline(kv_stages, 1, 8)  # K and V of an item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
-        roles((smem, stats, dq_stage, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk,
+        roles((smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk,
                dv, batch, hk, group, sq, sk, c, scale))
 
     return attention_backward_kernel
@@ -636,7 +656,7 @@ def _heads_major(lay, layout):
 class AttentionBackward(Plan):
     """A planned attention backward (see the module docstring): ``dq, dk, dv`` from ``q, k, v, o, do, lse``.
     Options: ``causal`` (as the forward), ``scale`` (default ``1 / sqrt(D)``; |scale| <= 1), ``layout``
-    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 3 at D = 64, 2 at 128, 1 at 256), ``dq_reduce`` ("tma":
+    ("bhsd" or "bshd"), ``stages`` (Q/dO stages, default 3 at D = 64 and 128, 1 at 256), ``dq_reduce`` ("tma":
     dQ tiles staged in shared memory and TMA reduce-added, the default; "atomic": one ``red.global.add.f32`` an
     element - the first version's way, 1.5-2.3x slower on an H100, kept for the benchmark), ``dq_split`` ("cols"
     or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order:
@@ -645,14 +665,18 @@ class AttentionBackward(Plan):
     item's K and V loaded under this one, where shared memory allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: 2 is 1% slower at D = 64, 25% at
     D = 128), ``kv_registers`` (D = 64 only, the default there: K and V of a consumer's keys as register A fragments
     for the whole item, read once with ``ldmatrix``; +4-7% on an H200; False reads them from shared memory in every
-    product). ``launch(stream)`` runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
+    product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
+    consumers hand it their staged chunks through named barriers - ``numbatma.intrinsics.store_warp``; False: each
+    consumer's thread 0 issues its own after a warpgroup barrier, 1-4% faster at D = 64), ``dv_first`` (default
+    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK). ``launch(stream)``
+    runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
     writes = ("dq", "dk", "dv")
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
                  dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
-                 dq_writer=False, dv_first=False):
+                 dq_writer=None, dv_first=True):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -712,7 +736,10 @@ class AttentionBackward(Plan):
         self.scale = scale
         self.kv_stages = int_option(op, "kv_stages", kv_stages, 1, 2)
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
-        self.dq_writer = bool_option(op, "dq_writer", dq_writer)
+        # (D = 128 and 256: the store warp by default, +3..10% and, with dv_first, +13..21% at D = 256 against the
+        # consumers' own reduce-adds; D = 64 -1..-4%: H200, same run, 2026-11-28)
+        self.dq_writer = (d != 64 and self.dq_reduce == "tma" if dq_writer is None
+                          else bool_option(op, "dq_writer", dq_writer))
         self.dv_first = bool_option(op, "dv_first", dv_first)
         if self.dq_writer and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: dq_writer=True hands dq's TMA reduce-adds to a store warp; "

@@ -14,7 +14,7 @@ from numba.cuda import types
 
 import numbatma.compile as nbc
 from numbatma.intrinsics import (lagged_release, persistent_grid, pingpong, register_budget, store_buffers,
-                                 tile_handoff, tile_origin, wait_release)
+                                 store_warp, tile_handoff, tile_origin, wait_release)
 
 
 def test_register_budgets_fill_the_register_file():
@@ -78,6 +78,12 @@ def test_factories_refuse_bad_constants():
     with pytest.raises(ValueError, match=r"tile_handoff: .*got consumers=0"):
         tile_handoff(0)
     assert len(pingpong(2)) == 4 and len(lagged_release(1)) == 2 and len(store_buffers(2)) == 2
+    assert store_warp(2)._fields == ("acquire", "publish", "free", "take")
+    with pytest.raises(ValueError, match=r"store_warp: needs consumers >= 1 .*barrier ids 13..16 within 1..15, got "
+                                         r"consumers=2, first_barrier=13"):
+        store_warp(2, 13)
+    with pytest.raises(ValueError, match=r"store_warp: .*got consumers=0"):
+        store_warp(0)
     assert store_buffers(2, wait_in_publish=True) is not store_buffers(2)  # (another pair of device functions)
     assert len(tile_handoff(2)) == 2 and tile_handoff(2) is tile_handoff(2)
     assert wait_release(1) is wait_release(1)  # (one device function per constant: kernels share its compile)
