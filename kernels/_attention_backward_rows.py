@@ -1,8 +1,8 @@
 """The two row kernels of :class:`numbatma.kernels.AttentionBackward` and their plans (split from
 attention_backward.py: one idea a module): the preprocess - ``delta = rowsum(dO ∘ O)`` and ``lse · log2 e`` per
 query row (padded to 64-row blocks), dq's float32 accumulator and the deterministic mode's turn counters zeroed - and
-the postprocess - dq = ``scale`` x the accumulator, converted to q's type. One warp a row (preprocess) / one thread a
-word (postprocess), 8-byte words where every row allows (:func:`aligned`), else 4-byte ones, 32-bit index
+the postprocess - dq = ``scale`` x the accumulator, converted to q's type. A block a (batch, head) and 32 rows, each
+row taken by as many lanes as it has words, up to 32 (preprocess) / one thread a word (postprocess), 8-byte words where every row allows (:func:`aligned`), else 4-byte ones, 32-bit index
 arithmetic (numba widens to 64 bits, and a 64-bit division is a subroutine call)."""
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from ._launch import ceil_div
 from ._plan import Plan
 
 BQ = 64  # query rows per block of the main kernel (the statistics are padded to whole blocks)
-PREP_WARPS = 4  # warps (rows) per block of the preprocess kernel
+PREP_WARPS = 4  # warps per block of the preprocess kernel
+PREP_ROWS = 8  # rows per warp of the preprocess kernel (a block: one (batch, head), 32 rows)
 
 # -- preprocess and postprocess ------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline="always")
@@ -31,8 +32,15 @@ def _load_words(u, wide):
 
 
 @kernel_factory
-def _prep_kernel(kind, wide):
+def _prep_kernel(kind, wide, d):
+    """The preprocess for 16-bit elements ``kind``, ``wide`` (8-byte) or 4-byte words, head dim ``d``."""
     unpack = unpack_bf16x2 if kind == "bf16" else unpack_f16x2
+    words = d * 2 // (8 if wide else 4)  # words of an o / do row
+    lanes = min(32, words)  # lanes per row (a warp takes 32 // lanes rows at a time)
+    per_lane = words // lanes  # words each lane reads of a row
+    pairs_per_lane = d // 2 // lanes  # float32 pairs of the row's dq accumulator each lane zeroes
+    group_rows = 32 // lanes
+    steps = PREP_ROWS // group_rows  # row groups per warp and block
 
     @cuda.jit(device=True, inline="always")
     def dot(x, y):
@@ -50,37 +58,46 @@ def _prep_kernel(kind, wide):
 
     @cuda.jit
     def prep(o_w, do_w, lse, stats, dqacc2, turns, heads, sq):
-        """Row i of (b, h), one warp per row of the padded length: stats[b, h, 0, i] = lse · log2 e and
-        stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's row = 0,
-        and at a query block's first row its dQ turn counter (``deterministic``) = 0.
-        o_w / do_w view the rows as 64-bit words (``wide``: four 16-bit elements) or 32-bit ones (two); dqacc2 as
-        pairs of float32 (uint64). Index arithmetic in 32 bits."""
+        """Block (x, y): batch-head ``x`` (``b * heads + h``), rows ``PREP_ROWS * (4 y + warp) ..`` of the padded
+        length, ``lanes`` lanes a row (a warp takes ``32 // lanes`` rows at a time): stats[b, h, 0, i] =
+        lse · log2 e and stats[b, h, 1, i] = sum(do * o) (+inf and 0 past the queries: P and dS are 0 there), dqacc's
+        row = 0, and at a query block's first row its dQ turn counter (``deterministic``) = 0. o_w / do_w view the
+        rows as 64-bit words (``wide``: four 16-bit elements) or 32-bit ones (two); dqacc2 as pairs of float32
+        (uint64). The (batch, head) slices are taken once per block; index arithmetic in 32 bits."""
         grid_dependency_sync()
-        lane = cuda.threadIdx.x % 32
+        lane = uint32(cuda.threadIdx.x % 32)
+        g = uint32(lane // lanes)  # the warp's row of a group
+        li = uint32(lane - g * lanes)  # the lane within its row
+        bh = uint32(cuda.blockIdx.x)
+        heads32 = uint32(heads)
+        b = uint32(bh // heads32)
+        h = uint32(bh - b * heads32)
         padded = uint32(stats.shape[3])
-        row = uint32(cuda.blockIdx.x * PREP_WARPS + cuda.threadIdx.x // 32)
-        per_batch = uint32(uint32(heads) * padded)  # (each product cast back: numba widens to 64 bits, and a
-        b = uint32(row // per_batch)                # 64-bit division is a subroutine call)
-        rest = uint32(row - b * per_batch)
-        h = uint32(rest // padded)
-        i = uint32(rest - h * padded)
-        if b < uint32(stats.shape[0]):
-            if lane == 0 and i % BQ == 0:
-                turns[b, h, i // BQ] = 0
-            if i < uint32(sq):
-                acc = ZERO
-                for j in range(lane, o_w.shape[3], 32):
-                    acc += dot(o_w[b, h, i, j], do_w[b, h, i, j])
-                for mask in (16, 8, 4, 2, 1):
-                    acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, mask)
-                if lane == 0:
-                    stats[b, h, 0, i] = lse[b, h, i] * LOG2E_F32
-                    stats[b, h, 1, i] = acc
-                for j in range(lane, dqacc2.shape[3], 32):
-                    dqacc2[b, h, i, j] = uint64(0)
-            elif lane == 0:
-                stats[b, h, 0, i] = POS_INF
-                stats[b, h, 1, i] = ZERO
+        sq32 = uint32(sq)
+        o_r, do_r, acc_r, st_r, lse_r = o_w[b, h], do_w[b, h], dqacc2[b, h], stats[b, h], lse[b, h]
+        first = uint32((cuda.blockIdx.y * PREP_WARPS + cuda.threadIdx.x // 32) * PREP_ROWS)
+        for step in range(steps):
+            i = uint32(first + step * group_rows + g)
+            if i < padded:
+                if li == 0 and i % BQ == 0:
+                    turns[b, h, i // BQ] = 0
+                if i < sq32:
+                    acc = ZERO
+                    for k in range(per_lane):
+                        j = uint32(li + k * lanes)
+                        acc += dot(o_r[i, j], do_r[i, j])
+                    m = lanes // 2
+                    while m > 0:  # (constant trip count: unrolled; xor within the row's lanes)
+                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, m)
+                        m //= 2
+                    for k in range(pairs_per_lane):
+                        acc_r[i, uint32(li + k * lanes)] = uint64(0)
+                    if li == 0:
+                        st_r[0, i] = lse_r[i] * LOG2E_F32
+                        st_r[1, i] = acc
+                elif li == 0:
+                    st_r[0, i] = POS_INF
+                    st_r[1, i] = ZERO
 
     return prep
 
@@ -148,9 +165,10 @@ class _RowPlan(Plan):
 class Prep(_RowPlan):
     writes = ("stats", "dqacc", "turns")
 
-    def __init__(self, o_w, do_w, lse, stats, dqacc2, turns, kind, wide, heads, sq, rows):
-        self.kernel = _prep_kernel(kind, wide)
-        self.grid, self.block, self.shared_mem = ceil_div(rows, PREP_WARPS), 32 * PREP_WARPS, 0
+    def __init__(self, o_w, do_w, lse, stats, dqacc2, turns, kind, wide, heads, sq, batch_heads, padded, d):
+        self.kernel = _prep_kernel(kind, wide, d)
+        self.grid = (batch_heads, ceil_div(padded, PREP_WARPS * PREP_ROWS))
+        self.block, self.shared_mem = 32 * PREP_WARPS, 0
         self._args = (o_w, do_w, lse, stats, dqacc2, turns, heads, sq)
 
     args = property(lambda self: self._args)

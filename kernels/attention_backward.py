@@ -105,6 +105,7 @@ __all__ = ["AttentionBackward", "attention_backward"]
 # BQ (64): query rows per step - one box of Q and of dO per 64-wide chunk of the head dim (from the row kernels' module,
 # whose statistics are padded to it)
 HEAD_DIMS = (64, 128, 256)
+MAX_QUERY_ROWS = 65535 * 32  # (the preprocess's grid: 32-row blocks along y)
 MAILBOX = 8  # int32 words of the dq_writer's mailbox (batch, head, first row, turn count, item end)
 DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
 
@@ -795,6 +796,9 @@ class AttentionBackward(Plan):
         self.dk_view = kernel_view(hm["dk"], dk)
         self.dv_view = kernel_view(hm["dv"], dv)
         padded = ceil_div(sq, BQ) * BQ
+        if padded > MAX_QUERY_ROWS:
+            raise TensorMapError(f"{op}: q has {sq} query rows (q is {lays['q'].shape}); the row kernels take at most "
+                                 f"{MAX_QUERY_ROWS} (a grid dimension of 32-row blocks)")
         self.stats = _scratch(q, (bq, hq, 2, padded))  # lse · log2 e and delta per query row, padded
         self.dqacc = _scratch(q, (bq, hq, sq, d))
         self.turns = _scratch(q, (bq, hq, padded // BQ), np.int32)  # (deterministic: dQ's adds per query block)
@@ -808,7 +812,7 @@ class AttentionBackward(Plan):
         wide_in = aligned(hm["o"], 8) and aligned(hm["do"], 8)
         wide_out = aligned(hm["dq"], 8)
         self.prep = Prep(kernel_view(word_layout(hm["o"], wide_in), o), kernel_view(word_layout(hm["do"], wide_in), do),
-                          kernel_view(ll, lse), stats_view, acc2, turns_view, kind, wide_in, hq, sq, bq * hq * padded)
+                          kernel_view(ll, lse), stats_view, acc2, turns_view, kind, wide_in, hq, sq, bq * hq, padded, d)
         self.post = Post(acc2, kernel_view(word_layout(hm["dq"], wide_out), dq), kind, wide_out, hq, sq,
                           np.float32(scale), bq * hq * sq * d // (4 if wide_out else 2))
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
