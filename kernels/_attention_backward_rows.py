@@ -2,8 +2,9 @@
 attention_backward.py: one idea a module): the preprocess - ``delta = rowsum(dO ∘ O)`` and ``lse · log2 e`` per
 query row (padded to 64-row blocks), dq's float32 accumulator and the deterministic mode's turn counters zeroed - and
 the postprocess - dq = ``scale`` x the accumulator, converted to q's type. A block a (batch, head) and 32 rows, each
-row taken by as many lanes as it has words, up to 32 (preprocess) / one thread a word (postprocess), 8-byte words where every row allows (:func:`aligned`), else 4-byte ones, 32-bit index
-arithmetic (numba widens to 64 bits, and a 64-bit division is a subroutine call)."""
+row taken by as many lanes as it has words, up to 32 (preprocess) / one thread a word (postprocess), 8-byte words
+where every row allows (:func:`aligned`), else 4-byte ones, 32-bit index arithmetic (numba widens to 64 bits, and a
+64-bit division is a subroutine call)."""
 from __future__ import annotations
 
 import numpy as np

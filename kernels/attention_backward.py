@@ -11,8 +11,9 @@ head sum over its query heads), any Sq, Sk >= 1;
 
 Three kernels, launched in order on one stream:
 
-1. **Preprocess** (one warp per query row): ``delta_i = sum_d do[i, d] o[i, d]`` (float32) - the row term of the
-   softmax gradient, ``dS = P (dP - delta)`` - and the float32 accumulator of ``dq`` zeroed.
+1. **Preprocess** (a block per (batch, head) and 32 query rows, as many lanes a row as it has words):
+   ``delta_i = sum_d do[i, d] o[i, d]`` (float32) - the row term of the softmax gradient, ``dS = P (dP - delta)`` -
+   and the float32 accumulator of ``dq`` zeroed.
 2. **Main** (a persistent grid, 384 threads: :func:`numbatma.intrinsics.warp_specialize` with a producer and two
    consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
    ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
@@ -27,13 +28,18 @@ Three kernels, launched in order on one stream:
      products then read only Q and dO from shared memory, whose bandwidth these 64-wide products exhaust);
    * ``Pᵀ = exp2(Sᵀ · scale·log2 e - lse·log2 e)`` per column (:func:`wgmma_map`: masked keys and queries 0),
      ``dSᵀ = Pᵀ (dPᵀ - delta)`` (:func:`wgmma_map2`);
-   * ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` with ``Pᵀ`` and ``dSᵀ`` straight from registers
-     (:func:`wgmma_a_fragments`), dO and Q read MN-major from the same tiles;
+   * ``dV += Pᵀ dO`` (issued first: ``dv_first``, FA4's order - it runs while the consumers meet at the dSᵀ
+     barrier) and ``dK += dSᵀ Q`` with ``Pᵀ`` and ``dSᵀ`` straight from registers (:func:`wgmma_a_fragments`), dO
+     and Q read MN-major from the same tiles; dK and dV pass through nothing but their own wgmma within an item
+     (fenced once when zeroed, waited for once at its end: tied through every step's fence and wait, ptxas moved
+     their 128 registers about each step);
    * ``dSᵀ`` into a 64 x 64 shared tile (:func:`wgmma_store`; two buffers by step parity), and ``dQ = dS K``
      with that tile as an MN-major A operand, split between the consumers as :func:`default_dq_split` says,
-     issued before dV and dK and written to shared memory (float32, 128-byte swizzle, two rotating buffers) while
-     they run, then - once they complete - added into the float32 accumulator of ``dq`` by a TMA reduce-add
-     (every item of the key blocks adds to it, in no fixed order).
+     issued before dK and written to shared memory (float32, 128-byte swizzle) while dK runs, then added into the
+     float32 accumulator of ``dq`` by TMA reduce-adds (every item of the key blocks adds to it, in no fixed order):
+     issued by a store warp (``dq_writer``, the default at D = 128 and 256: warp 1 of the producer warpgroup,
+     :func:`numbatma.intrinsics.store_warp`; consumer 0 leaves the block's coordinates in a shared mailbox) or, at
+     D = 64, by each consumer's thread 0 after a warpgroup barrier (two rotating buffers).
 
    Items go key block fastest: the CTAs running at one time share few heads, so their dQ accumulators and Q/dO
    tiles stay in L2. Causal, the CTAs take each round's items in snake order (:func:`persistent_item`): an item's
@@ -48,7 +54,8 @@ Three kernels, launched in order on one stream:
    ``kernels/_attention_backward_rows.py``.
 
 ``deterministic=True``: dq's additions into each query block in descending key-block order, the items too (a
-turn counter per query block, each add counted at the thread's next one; see ``send_dq``), bitwise reproducible.
+turn counter per query block, each add counted at the issuing thread's next one; see ``send_dq`` and ``store_dq``),
+bitwise reproducible.
 
 Not yet here (issue 26): the overlap of one consumer's softmax with the other's products (the dSᵀ barrier keeps them
 in step), |scale| > 1 (the forward's "exact" softmax mode).
@@ -343,8 +350,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     def producer(args):
         """One elected thread: per item K and V (into the next of ``kv_stages`` stages), then Q and dO of every
         query block of every query head of the group that sees the item's keys."""
-        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
-         batch, hk, group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns,
+         dk, dv, batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
@@ -446,8 +453,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
-        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv,
-         batch, hk, group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns,
+         dk, dv, batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
@@ -608,8 +615,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         kvpipe = Pipeline(kv_stages, 1, 8)  # K and V of an item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
-        roles((smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk,
-               dv, batch, hk, group, sq, sk, c, scale))
+        roles((smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc,
+               turns, dk, dv, batch, hk, group, sq, sk, c, scale))
 
     return attention_backward_kernel
 
@@ -663,10 +670,10 @@ class AttentionBackward(Plan):
     or "keys" at D = 128: see :func:`default_dq_split`), ``deterministic`` (dq's additions in a fixed order:
     bitwise reproducible; 0.37-0.63x of the default causal, ~0.5x full on an H200), ``pingpong`` (the consumers
     issue Sᵀ and dPᵀ in turn - a benchmark switch, off: 1-5% slower on an H200), ``kv_stages`` (1 or 2: the next
-    item's K and V loaded under this one, where shared memory allows - D = 64 with two Q/dO stages; a benchmark switch, default 1: 2 is 1% slower at D = 64, 25% at
-    D = 128), ``kv_registers`` (D = 64 only, the default there: K and V of a consumer's keys as register A fragments
-    for the whole item, read once with ``ldmatrix``; +4-7% on an H200; False reads them from shared memory in every
-    product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
+    item's K and V loaded under this one, where shared memory allows - D = 64 with two Q/dO stages; a benchmark
+    switch, default 1: 2 is 1% slower at D = 64, 25% at D = 128), ``kv_registers`` (D = 64 only, the default there:
+    K and V of a consumer's keys as register A fragments for the whole item, read once with ``ldmatrix``; +4-7% on an
+    H200; False reads them from shared memory in every product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
     consumers hand it their staged chunks through named barriers - ``numbatma.intrinsics.store_warp``; False: each
     consumer's thread 0 issues its own after a warpgroup barrier, 1-4% faster at D = 64), ``dv_first`` (default
     True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK). ``launch(stream)``
