@@ -676,7 +676,9 @@ class AttentionBackward(Plan):
     H200; False reads them from shared memory in every product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
     consumers hand it their staged chunks through named barriers - ``numbatma.intrinsics.store_warp``; False: each
     consumer's thread 0 issues its own after a warpgroup barrier, 1-4% faster at D = 64), ``dv_first`` (default
-    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK). ``launch(stream)``
+    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK), ``persistent``
+    (default True: a CTA per SM taking items round by round; False: a CTA per item, as FA4's grid - a benchmark
+    switch, not yet measured; refused with ``deterministic``). ``launch(stream)``
     runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
@@ -684,7 +686,7 @@ class AttentionBackward(Plan):
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
                  dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
-                 dq_writer=None, dv_first=True):
+                 dq_writer=None, dv_first=True, persistent=True):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -749,6 +751,7 @@ class AttentionBackward(Plan):
         self.dq_writer = (d != 64 and self.dq_reduce == "tma" if dq_writer is None
                           else bool_option(op, "dq_writer", dq_writer))
         self.dv_first = bool_option(op, "dv_first", dv_first)
+        self.persistent = bool_option(op, "persistent", persistent)
         if self.dq_writer and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: dq_writer=True hands dq's TMA reduce-adds to a store warp; "
                                  f"dq_reduce={self.dq_reduce!r} has none")
@@ -783,6 +786,10 @@ class AttentionBackward(Plan):
             raise TensorMapError(f"{op}: kv_registers=True needs head dim 64 (K and V of a consumer's keys as register "
                                  f"A fragments: {d // 2} more registers a thread at head dim {d}, which the consumers "
                                  f"do not have), got head dim {d}")
+        if self.deterministic and not self.persistent:
+            raise TensorMapError(f"{op}: deterministic=True needs persistent=True (an item waits for items of higher "
+                                 f"key blocks, which a persistent CTA has taken earlier; a grid of one CTA an item "
+                                 f"would rely on the hardware starting CTAs in order)")
         if self.deterministic and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: deterministic=True orders dq's TMA reduce-adds; it cannot order "
                                  f"dq_reduce={self.dq_reduce!r}")
@@ -841,11 +848,13 @@ class AttentionBackward(Plan):
 
     @property
     def grid(self):
-        """CTAs: one per SM (persistent; the SMs counted on first use), never more than there are items."""
+        """CTAs: one per SM (persistent; the SMs counted on first use), never more than there are items - or, with
+        ``persistent=False``, one per item (the hardware hands the next item to the SM that frees up first)."""
         if self._grid is None:
             # (the simulator runs blocks one after another: a deterministic plan's block would wait forever for
             # a later one's turn - one block there, which takes every item in order)
-            self._grid = 1 if SIMULATING and self.deterministic else persistent_grid(self.items)
+            self._grid = (1 if SIMULATING and self.deterministic else
+                          persistent_grid(self.items) if self.persistent else self.items)
         return self._grid
 
     @property

@@ -80,6 +80,8 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(d=128), dict(dq_writer=True, dq_reduce="atomic"), "dq_writer=True hands dq's TMA reduce-adds to a store "
                                                              "warp; dq_reduce='atomic' has none"),
     (dict(), dict(dv_first="no"), "dv_first must be True or False, got 'no'"),
+    (dict(), dict(persistent=0), "persistent must be True or False, got 0"),
+    (dict(), dict(persistent=False, deterministic=True), "deterministic=True needs persistent=True"),
 ])
 def test_bad_arguments(change, options, message):
     with pytest.raises(TensorMapError, match="AttentionBackward: " + message):
