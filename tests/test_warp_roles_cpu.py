@@ -101,7 +101,7 @@ def raw_skeleton_calls(source):
                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in RAW_SKELETON})
 
 
-@pytest.mark.parametrize("name", ["gemm.py", "attention.py", "attention_backward.py"])
+@pytest.mark.parametrize("name", ["gemm.py", "attention.py", "_attention_backward_kernel.py"])
 def test_tensor_core_kernels_take_their_skeleton_from_warp_roles(name):
     source = (KERNELS / name).read_text()
     assert raw_skeleton_calls(source) == [], f"kernels/{name} calls these itself instead of a warp_roles block"
