@@ -55,10 +55,11 @@ SMEM_LIMIT = 227 * 1024
 
 # -- the main kernel -----------------------------------------------------------------------------------------------
 @cuda.jit(device=True, inline="always")
-def backward_work(batch, hk, sq, sk, kb):
-    """(items, key blocks per head, query blocks, rounds) of the persistent loop (``kb`` keys an item)."""
+def backward_work(batch, hk, sq, sk, kb, qw):
+    """(items, key blocks per head, query blocks, rounds) of the persistent loop (``kb`` keys an item, ``qw``
+    queries a step)."""
     nkb = (sk + kb - 1) // kb
-    nqb = (sq + BQ - 1) // BQ
+    nqb = (sq + qw - 1) // qw
     items = batch * hk * nkb
     rounds = (items + cuda.gridDim.x - 1) // cuda.gridDim.x
     return items, nkb, nqb, rounds
@@ -99,12 +100,18 @@ def default_dq_split(d):
 
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
-                     deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False, dv_first=False):
-    """The main kernel of one configuration (compile-time constants of the closure)."""
+                     deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False, dv_first=False,
+                     queries=BQ):
+    """The main kernel of one configuration (compile-time constants of the closure). ``queries``: query rows a step,
+    64 or (D = 64 only) 128 - FA3's D = 64 tile: Sᵀ and dPᵀ 64 keys x 128 queries per consumer, and each consumer's
+    dQ the rows of its own 64 queries over all 128 keys (no partial sums of one tile from two consumers)."""
+    QW = queries  # query rows a step
+    wide = QW != BQ
+    qbox = QW // BQ  # 64-row boxes of a Q / dO / dSᵀ tile along its queries
     writer = writer and dq_reduce == "tma"  # (dQ's reduce-adds issued by warp 1 of the producer warpgroup)
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
-    own_keys = (split or default_dq_split(d)) == "keys"
+    own_keys = not wide and (split or default_dq_split(d)) == "keys"  # (wide: each consumer its own queries)
     dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
     adds = 2 * dq_chunks  # reduce-adds into a query block's dQ per item (deterministic: the turn counter's step)
     # pingpong: the consumers issue their Sᵀ and dPᵀ in turn, so that the first one's softmax runs while the
@@ -116,20 +123,21 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     dn = d // 2 if halves else d  # a consumer's columns of dK, dV and dQ
     own = chunks // 2 if halves else chunks  # its 64-wide chunks of them
     box = BQ * CHUNK  # elements of one 64 x 64 box (every TMA box of the kernel)
-    q_elems = BQ * d  # a Q (or dO) tile: ``chunks`` boxes
-    kv_elems = kb * d  # K (or V) of an item: 64-row tiles of ``chunks`` boxes (consumer w's at w q_elems)
+    q_elems = QW * d  # a Q (or dO) tile: ``chunks`` groups of ``qbox`` boxes (queries along the rows)
+    kw_elems = BQ * d  # a consumer's 64 keys of K (or V): ``chunks`` boxes
+    kv_elems = kb * d  # K (or V) of an item: 64-row tiles of ``chunks`` boxes (consumer w's at w kw_elems)
     v_base = kv_elems
     kv_stage_elems = 2 * kv_elems  # K and V of one item (``kv_stages`` of them: the next item's load under this one)
     q_base = kv_stages * kv_stage_elems  # stage s: Q at q_base + 2 s q_elems, dO after it
     ds_base = q_base + 2 * stages * q_elems  # dSᵀ of a query block: buffer u (by step parity), keys 64 j.. (D = 256:
-    # consumer j's copy) at ds_base + (2 u + j) box
+    # consumer j's copy) at ds_base + (2 u + j) qbox box, its queries 64 c.. ``c`` boxes further
     dq_elems = BQ * CHUNK  # a staged dQ chunk: 64 x 64 float32, two 64 x 32 boxes (128-byte swizzle)
     # (written by the warpgroup, TMA-reduced into dq's accumulator by its thread 0; one barrier a chunk)
     dq_out = store_buffers(dq_buffers, wait_in_publish=dq_buffers >= 2)
     dq_writer = store_warp(2)  # (writer: each consumer's chunks of a step handed to the store warp; barriers 6..9)
     if writer:
         dq_buffers = dq_chunks  # (a buffer per chunk of a step: the store warp has read them by the next step)
-    stats_elems = 2 * stages * BQ  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
+    stats_elems = 2 * stages * QW  # (static shared memory, float32: lse·log2 e and delta of each stage's queries)
     dq_stage_elems = 2 * dq_buffers * dq_elems  # (static: each consumer's rotating dQ chunks)
 
     @cuda.jit(device=True, inline="always")
@@ -198,14 +206,15 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                          0)
         if own_keys:
             ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
-            k_op = shared_view(smem, kvo + w * q_elems + cc * box, (1, BQ, CHUNK))
+            k_op = shared_view(smem, kvo + w * kw_elems + cc * box, (1, BQ, CHUNK))
             return wgmma(dq, wgmma_desc(ds_op, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
                          0)
-        ch = w
-        ds_lo = shared_view(smem, ds_base + 2 * u * box, (1, BQ, CHUNK))
-        ds_hi = shared_view(smem, ds_base + (2 * u + 1) * box, (1, BQ, CHUNK))
+        ch = 0 if wide else w  # (wide: the consumer's 64 queries, every column; else its 64 columns, every query)
+        qc = w if wide else 0
+        ds_lo = shared_view(smem, ds_base + (2 * u * qbox + qc) * box, (1, BQ, CHUNK))
+        ds_hi = shared_view(smem, ds_base + ((2 * u + 1) * qbox + qc) * box, (1, BQ, CHUNK))
         k_lo = shared_view(smem, kvo + ch * box, (1, BQ, CHUNK))
-        k_hi = shared_view(smem, kvo + q_elems + ch * box, (1, BQ, CHUNK))
+        k_hi = shared_view(smem, kvo + kw_elems + ch * box, (1, BQ, CHUNK))
         dq = wgmma(dq, wgmma_desc(ds_lo, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_lo, k_map, "MN", 0, (0, BQ)), 0)
         return wgmma(dq, wgmma_desc(ds_hi, ds_map, "MN", 0, (0, BQ)), wgmma_desc(k_hi, k_map, "MN", 0, (0, BQ)), 1)
 
@@ -280,7 +289,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         query block of every query head of the group that sees the item's keys."""
         (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns,
          dk, dv, batch, hk, group, sq, sk, c, scale) = args
-        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
+        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb, QW)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
                 for r in range(rounds):
@@ -291,21 +300,23 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     kvo = (kvpipe.producer_acquire() % kv_stages) * kv_stage_elems  # (0 with one stage, folded)
                     for ww in range(kb // BQ):  # each consumer's 64 keys as a tile of their own (one at D = 256)
                         for ch in range(chunks):
-                            kvpipe.load(box_at(smem, kvo + ww * q_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
-                            kvpipe.load(box_at(smem, kvo + v_base + ww * q_elems, ch), v_map,
+                            kvpipe.load(box_at(smem, kvo + ww * kw_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
+                            kvpipe.load(box_at(smem, kvo + v_base + ww * kw_elems, ch), v_map,
                                         (b, g, n0 + BQ * ww, CHUNK * ch))
                     kvpipe.producer_commit()
-                    first = n0 // BQ if causal else 0
+                    first = n0 // QW if causal else 0
                     for hh in range(group):
                         h = g * group + hh
                         for i in range(first, nqb):
                             s = qpipe.producer_acquire()  # (Q, dO and their rows' statistics)
                             for ch in range(chunks):
-                                qpipe.load(box_at(smem, q_base + 2 * s * q_elems, ch), q_map,
-                                           (b, h, i * BQ, CHUNK * ch))
-                                qpipe.load(box_at(smem, q_base + (2 * s + 1) * q_elems, ch), do_map,
-                                           (b, h, i * BQ, CHUNK * ch))
-                            qpipe.load(shared_view(stats, 2 * s * BQ, (2, BQ)), stats_map, (b, h, 0, i * BQ))
+                                for qb in range(qbox):  # (wide: two 64-row boxes of queries, stacked)
+                                    at = (ch * qbox + qb) * box
+                                    qpipe.load(shared_view(smem, q_base + 2 * s * q_elems + at, (BQ, CHUNK)), q_map,
+                                               (b, h, i * QW + BQ * qb, CHUNK * ch))
+                                    qpipe.load(shared_view(smem, q_base + (2 * s + 1) * q_elems + at, (BQ, CHUNK)),
+                                               do_map, (b, h, i * QW + BQ * qb, CHUNK * ch))
+                            qpipe.load(shared_view(stats, 2 * s * QW, (2, QW)), stats_map, (b, h, 0, i * QW))
                             qpipe.producer_commit()
         elif writer and cuda.threadIdx.x < 64:
             store_dq(dq_stage, mailbox, dq_map, turns)
@@ -348,11 +359,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                 if lane == 0:
                     if deterministic and own_keys and w == 1:
                         bulk_wait_group(0)  # (consumer 0's adds into the same tile first)
-                    col0 = CHUNK * own * w if halves else (0 if own_keys else CHUNK * w)
+                    col0 = CHUNK * own * w if halves else (0 if own_keys or wide else CHUNK * w)
+                    row0 = m0 + BQ * w if wide else m0  # (wide: each consumer's dQ is its own 64 queries)
                     for cc in range(dq_chunks):
                         at = int32((w * dq_buffers + cc) * dq_elems)
                         for j in range(2):
-                            tma_reduce("add", dq_map, (b, h, m0, col0 + CHUNK * cc + 32 * j),
+                            tma_reduce("add", dq_map, (b, h, row0, col0 + CHUNK * cc + 32 * j),
                                        shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
                     bulk_commit_group()
             if deterministic:
@@ -383,13 +395,13 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
         (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns,
          dk, dv, batch, hk, group, sq, sk, c, scale) = args
-        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb)
+        items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb, QW)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
         row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row of a 64-row accumulator (the second: + 8)
-        kv_w = 0 if halves else w * q_elems  # this consumer's 64 keys of K and V (D = 256: the item's, shared)
+        kv_w = 0 if halves else w * kw_elems  # this consumer's 64 keys of K and V (D = 256: the item's, shared)
         c0 = own * w if halves else 0  # its first chunk of dK, dV and dQ
-        dq_col0 = CHUNK * c0 if halves else (0 if own_keys else CHUNK * w)  # its first column of dQ
+        dq_col0 = CHUNK * c0 if halves else (0 if own_keys or wide else CHUNK * w)  # its first column of dQ
         step = 0  # query blocks so far (the dSᵀ buffer)
         nd = 0  # dQ chunks staged so far (the rotating staging buffer)
         pending = (int32(0), int32(0), int32(-1))  # (deterministic: thread 0's last reduce-add, not yet counted)
@@ -416,27 +428,28 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
             if kv_regs:  # (D = 64: K_w and V_w as register A fragments for the whole item; Sᵀ, dPᵀ read only Q, dO)
                 kf, vf = wgmma_fence((box_fragments(smem, kvo + kv_w, tw),
                                       box_fragments(smem, kvo + v_base + kv_w, tw)))
-            first = n0 // BQ if causal else 0
+            first = n0 // QW if causal else 0
             for hh in range(group):
                 h = g * group + hh
                 for i in range(first, nqb):
-                    m0 = int32(i * BQ)
+                    m0 = int32(i * QW)
+                    dq_row0 = int32(m0 + BQ * w) if wide else m0  # (the first query row of this consumer's dQ)
                     s = qpipe.consumer_wait()
                     q_at = int32(q_base + 2 * s * q_elems)  # (32-bit offsets: shared memory is a 32-bit window)
-                    q_all = shared_view(smem, q_at, (chunks, BQ, CHUNK))
-                    do_all = shared_view(smem, int32(q_at + q_elems), (chunks, BQ, CHUNK))
+                    q_all = shared_view(smem, q_at, (chunks, QW, CHUNK))
+                    do_all = shared_view(smem, int32(q_at + q_elems), (chunks, QW, CHUNK))
                     # Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ (64 keys x 64 queries, the head dim as K), two groups: P is computed
                     # while dPᵀ runs (and the lse values P needs are dead before dPᵀ's registers fill)
                     if take_turns:
                         wait_turn(w)  # my turn to issue
-                    st = wgmma_fence(wgmma_zeros(BQ))
+                    st = wgmma_fence(wgmma_zeros(QW))
                     if kv_regs:
                         st = wgmma(st, kf, wgmma_desc(q_all, q_map, "K", 0, (0, d)), 0)
                     else:
                         st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)), wgmma_desc(q_all, q_map, "K", 0, (0, d)),
                                    0)
                     wgmma_commit_group()
-                    dpt = wgmma_fence(wgmma_zeros(BQ))
+                    dpt = wgmma_fence(wgmma_zeros(QW))
                     if kv_regs:
                         dpt = wgmma(dpt, vf, wgmma_desc(do_all, do_map, "K", 0, (0, d)), 0)
                     else:
@@ -445,26 +458,27 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     wgmma_commit_group()
                     if take_turns:
                         pass_turn(w)  # the other's turn
-                    lse2 = shared_view(stats, 2 * s * BQ, (BQ,))
+                    lse2 = shared_view(stats, 2 * s * QW, (QW,))
                     st = wgmma_wait_group(1, st)
                     if key_hi >= sk32 or (causal and key_hi > m0):  # (a ragged key block, the causal diagonal)
                         p = wgmma_map(st, weights_masked, (c, lse2, key0, m0, sk32))
                     else:
                         p = wgmma_map(st, weights, (c, lse2))
                     dpt = wgmma_wait_group(0, dpt)
-                    dst = wgmma_map2(p, dpt, softmax_grad, shared_view(stats, (2 * s + 1) * BQ, (BQ,)))
+                    dst = wgmma_map2(p, dpt, softmax_grad, shared_view(stats, (2 * s + 1) * QW, (QW,)))
                     # dSᵀ into shared memory (dQ's A operand, read MN-major), then only P's and dS's 16-bit fragments
                     # stay in registers beside dK and dV. Two buffers by step parity: a consumer at this step's
                     # barrier knows the other finished the step before (its dQ product included)
                     u = step % 2
-                    wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * box, (BQ, CHUNK)), q_map, 0, 0)
+                    wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * qbox * box, (qbox, BQ, CHUNK)), q_map, 0,
+                                0)
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
-                    do_own = shared_view(smem, int32(q_at + q_elems + c0 * box), (own, BQ, CHUNK))
-                    q_own = shared_view(smem, int32(q_at + c0 * box), (own, BQ, CHUNK))
+                    do_own = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box), (own, QW, CHUNK))
+                    q_own = shared_view(smem, int32(q_at + c0 * qbox * box), (own, QW, CHUNK))
                     if dv_first:  # (dV += Pᵀ dO issued before the barrier: the tensor cores work while it waits)
                         pf = wgmma_fence(pf)
-                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
+                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, QW)), 1)
                         wgmma_commit_group()
                     if halves or own_keys:
                         ds_handoff.own(w)  # (dQ reads only this consumer's dSᵀ)
@@ -481,34 +495,34 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     dq = dq_product(smem, kvo, dq, u, w, 0, q_map, k_map)
                     wgmma_commit_group()
                     if not dv_first:
-                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, BQ)), 1)
-                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, BQ)), 1)
+                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, QW)), 1)
+                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, QW)), 1)
                     wgmma_commit_group()
                     dq = wgmma_wait_group(1, dq)  # (dV's group, if first, and dQ's completed)
                     if writer:  # (the buffers free again; consumer 0 tells the store warp what this block is)
                         dq_writer.acquire(w)
                         if w == 0 and tw == 0:
                             post_block(mailbox, b, h, m0, int32(rank), nkb, hh == group - 1 and i == nqb - 1)
-                    stage_dq(dq, 0 if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
+                    stage_dq(dq, 0 if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, dq_row0, row_in_wg, sq,
                              dq_col0)
                     for cc in range(1, dq_chunks):  # (D = 256, or "keys" at D = 128: the second 64-wide chunk)
                         if not writer:
                             nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h,
-                                                  m0, dq_col0 + CHUNK * (cc - 1))
+                                                  dq_row0, dq_col0 + CHUNK * (cc - 1))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
                         dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
-                        stage_dq(dq, cc if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, m0, row_in_wg, sq,
-                                 dq_col0 + CHUNK * cc)
+                        stage_dq(dq, cc if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, dq_row0, row_in_wg,
+                                 sq, dq_col0 + CHUNK * cc)
                     pf, dsf = wgmma_wait_group(0, (pf, dsf))
                     if lane == 0:
                         qpipe.consumer_release()  # every product reading this stage's Q and dO has completed
                     if writer:
                         dq_writer.publish(w)  # (the store warp reduce-adds the step's chunks: no wait here)
                     else:
-                        nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h, m0,
-                                              dq_col0 + CHUNK * (dq_chunks - 1))
+                        nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h,
+                                              dq_row0, dq_col0 + CHUNK * (dq_chunks - 1))
             if deterministic and not writer and tw == 0:
                 pending = count_pending(turns, pending)  # (the item's last add counted before its epilogue)
             if kv_regs:  # (the warp's ldmatrix reads of K and V before lane 0's release: an item no query block sees
@@ -549,13 +563,13 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     return attention_backward_kernel
 
 
-def shared_bytes(d, stages, kv_stages=1):
+def shared_bytes(d, stages, kv_stages=1, queries=BQ):
     """Dynamic shared memory of the main kernel: ``kv_stages`` x K and V (``keys_per_item(d)`` x D each),
-    ``stages`` x (Q, dO) of 64 x D, two buffers of two dSᵀ tiles of 64 x 64 (16-bit elements)."""
-    return 2 * (2 * kv_stages * keys_per_item(d) * d + 2 * stages * BQ * d + 4 * BQ * CHUNK)
+    ``stages`` x (Q, dO) of ``queries`` x D, two buffers of two dSᵀ tiles of 64 x ``queries`` (16-bit elements)."""
+    return 2 * (2 * kv_stages * keys_per_item(d) * d + 2 * stages * queries * d + 4 * queries * CHUNK)
 
 
-def static_shared_bytes(stages, dq_buffers=2):
+def static_shared_bytes(stages, dq_buffers=2, queries=BQ):
     """Static shared memory of the main kernel: ``dq_buffers`` staged dQ chunks (64 x 64 float32) per consumer, the
-    rows' statistics of every stage (2 x 64 float32), the pipelines' barriers (at most 1 KiB)."""
-    return 4 * (2 * dq_buffers * BQ * CHUNK + 2 * stages * BQ) + 1024
+    rows' statistics of every stage (2 x ``queries`` float32), the pipelines' barriers (at most 1 KiB)."""
+    return 4 * (2 * dq_buffers * BQ * CHUNK + 2 * stages * queries) + 1024

@@ -139,7 +139,7 @@ class AttentionBackward(Plan):
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
                  dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
-                 dq_writer=None, dv_first=True, persistent=True):
+                 dq_writer=None, dv_first=True, persistent=True, queries=64):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -198,6 +198,13 @@ class AttentionBackward(Plan):
                                  f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
         self.scale = scale
         self.kv_stages = int_option(op, "kv_stages", kv_stages, 1, 2)
+        self.queries = choice_option(op, "queries", queries, (64, 128))
+        if self.queries == 128 and dq_split is not None:
+            raise TensorMapError(f"{op}: dq_split={dq_split!r} is not a choice with queries=128: each consumer adds "
+                                 f"the dQ rows of its own 64 queries")
+        if self.queries == 128 and d != 64:
+            raise TensorMapError(f"{op}: queries=128 (query rows a step) needs head dim 64 (Sᵀ and dPᵀ of 64 x 128 "
+                                 f"per consumer: the registers of D = 64 only), got head dim {d}")
         self.dq_reduce = choice_option(op, "dq_reduce", dq_reduce, DQ_REDUCES)
         # (D = 128 and 256: the store warp by default, +3..10% and, with dv_first, +13..21% at D = 256 against the
         # consumers' own reduce-adds; D = 64 -1..-4%: H200, same run, 2026-11-28)
@@ -220,7 +227,8 @@ class AttentionBackward(Plan):
         writer_buffers = 2 if d == 256 or (d == 128 and self.dq_split == "keys") else 1
 
         def fits(n, buffers=1):
-            return shared_bytes(d, n, self.kv_stages) + static_shared_bytes(n, buffers) <= SMEM_LIMIT
+            return (shared_bytes(d, n, self.kv_stages, self.queries) + static_shared_bytes(n, buffers, self.queries)
+                    <= SMEM_LIMIT)
 
         # default: three stages where they fit beside two staged dQ chunks per consumer (D = 64: +1.5% over two on
         # an H200), else two (D = 128: a third would cost the second dQ buffer, -28%), else one (D = 256)
@@ -228,17 +236,25 @@ class AttentionBackward(Plan):
         self.stages = int_option(op, "stages", default if stages is None else stages, 1, 4)
         least = writer_buffers if self.dq_writer else 1  # (staged dQ chunks a consumer needs)
         if not fits(self.stages, least):
-            need = shared_bytes(d, self.stages, self.kv_stages) + static_shared_bytes(self.stages, least)
+            need = (shared_bytes(d, self.stages, self.kv_stages, self.queries)
+                    + static_shared_bytes(self.stages, least, self.queries))
             raise TensorMapError(f"{op}: stages={self.stages} and kv_stages={self.kv_stages} with head dim {d} need "
                                  f"{need} bytes of shared memory; a block may use {SMEM_LIMIT}")
         self.deterministic = bool_option(op, "deterministic", deterministic)
         self.pingpong = bool_option(op, "pingpong", pingpong)
         # D = 64: K and V in registers by default (+4..7% on an H200 against cuDNN in the same run, 2026-11-28)
-        self.kv_registers = d == 64 if kv_registers is None else bool_option(op, "kv_registers", kv_registers)
+        self.kv_registers = (d == 64 and self.queries == 64 if kv_registers is None
+                             else bool_option(op, "kv_registers", kv_registers))
+        if self.kv_registers and self.queries == 128:
+            raise TensorMapError(f"{op}: kv_registers=True and queries=128 do not fit together: Sᵀ and dPᵀ of 128 "
+                                 f"queries take the registers K and V would")
         if self.kv_registers and d != 64:
             raise TensorMapError(f"{op}: kv_registers=True needs head dim 64 (K and V of a consumer's keys as register "
                                  f"A fragments: {d // 2} more registers a thread at head dim {d}, which the consumers "
                                  f"do not have), got head dim {d}")
+        if self.deterministic and self.queries == 128:
+            raise TensorMapError(f"{op}: deterministic=True is not implemented with queries=128 (its turn counters "
+                                 f"count 64-row query blocks); use queries=64")
         if self.deterministic and not self.persistent:
             raise TensorMapError(f"{op}: deterministic=True needs persistent=True (an item waits for items of higher "
                                  f"key blocks, which a persistent CTA has taken earlier; a grid of one CTA an item "
@@ -262,14 +278,14 @@ class AttentionBackward(Plan):
         self.lse = lse
         self.dk_view = kernel_view(hm["dk"], dk)
         self.dv_view = kernel_view(hm["dv"], dv)
-        padded = ceil_div(sq, BQ) * BQ
+        padded = ceil_div(sq, self.queries) * self.queries  # (the statistics: whole steps of query rows)
         if padded > MAX_QUERY_ROWS:
             raise TensorMapError(f"{op}: q has {sq} query rows (q is {lays['q'].shape}); the row kernels take at most "
                                  f"{MAX_QUERY_ROWS} (a grid dimension of 32-row blocks)")
         self.stats = _scratch(q, (bq, hq, 2, padded))  # lse · log2 e and delta per query row, padded
         self.dqacc = _scratch(q, (bq, hq, sq, d))
         self.turns = _scratch(q, (bq, hq, padded // BQ), np.int32)  # (deterministic: dQ's adds per query block)
-        self.stats_map = TensorMap(self.stats, (1, 1, 2, BQ))
+        self.stats_map = TensorMap(self.stats, (1, 1, 2, self.queries))
         self.dq_map = TensorMap(self.dqacc, (1, 1, BQ, 32), swizzle=Swizzle.B128)  # (reduce-adds of dQ tiles)
         # (numba arrays over torch's tensors: a tensor handed to the launch itself goes through DLPack, which
         # synchronizes with torch's stream - refused while a CUDA graph is being captured)
@@ -284,7 +300,7 @@ class AttentionBackward(Plan):
                           np.float32(scale), bq * hq * sq * d // (4 if wide_out else 2))
         self.items = bq * hk * ceil_div(sk, keys_per_item(d))
         self.block = 3 * WARPGROUP
-        self.shared_mem = shared_bytes(d, self.stages, self.kv_stages)
+        self.shared_mem = shared_bytes(d, self.stages, self.kv_stages, self.queries)
         self._grid = None
         self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
                       turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk,
@@ -295,7 +311,7 @@ class AttentionBackward(Plan):
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
                                        self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic,
                                        self.pingpong, self.kv_stages, self.kv_registers, self.dq_writer,
-                                       self.dv_first)
+                                       self.dv_first, self.queries)
 
     args = property(lambda self: self._args)
 

@@ -81,6 +81,11 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
                                                              "warp; dq_reduce='atomic' has none"),
     (dict(), dict(dv_first="no"), "dv_first must be True or False, got 'no'"),
     (dict(), dict(persistent=0), "persistent must be True or False, got 0"),
+    (dict(), dict(queries=96), "queries must be 64 or 128, got 96"),
+    (dict(d=128), dict(queries=128), "queries=128 .* needs head dim 64 .*got head dim 128"),
+    (dict(), dict(queries=128, kv_registers=True), "kv_registers=True and queries=128 do not fit together"),
+    (dict(), dict(queries=128, deterministic=True), "deterministic=True is not implemented with queries=128"),
+    (dict(), dict(queries=128, dq_split="keys"), "dq_split='keys' is not a choice with queries=128"),
     (dict(), dict(persistent=False, deterministic=True), "deterministic=True needs persistent=True"),
 ])
 def test_bad_arguments(change, options, message):
@@ -190,3 +195,17 @@ def test_the_atomic_dq_variant_compiles():
     plan = AttentionBackward(*arrays(d=64), dq_reduce="atomic")
     text = main_sass(plan)
     assert "REDG.E.ADD.F32" in text and "UTMAREDG" not in text
+
+
+def test_128_queries_a_step_at_head_dim_64():
+    """``queries=128`` (FA3's D = 64 tile): Sᵀ and dPᵀ as m64n128 products (four k-steps each), dV and dK over 128
+    queries (eight k-steps each, P and dS from registers), each consumer's dQ of its own 64 queries over both key
+    halves (two products of four k-steps); K and V from shared memory (no registers left for them), two stages;
+    one wait per commit group; local memory pinned (measured 2026-11-28: 32, 5 of them in the loop)."""
+    plan = AttentionBackward(*arrays(d=64), queries=128)
+    assert (plan.stages, plan.kv_registers, plan.dq_writer) == (2, False, False)
+    text = main_sass(plan)
+    ops = wgmma_ops(text)
+    assert ops.count("HGMMA.64x128x16.F32") == 8 and ops.count("HGMMA.64x64x16.F32") == 24, ops
+    assert ops.count("WARPGROUP.DEPBAR.LE") <= 6, "wgmma serialized"
+    assert text.count("STL") + text.count("LDL") <= 32

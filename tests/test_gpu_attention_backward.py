@@ -178,6 +178,16 @@ def test_dq_store_warp_and_dv_first(d, causal, options):
         run_case(1, 2, 2, 900, 700, d, causal, stages=2, **options)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_128_queries_a_step_at_head_dim_64(causal, dtype):
+    """queries=128 (FA3's D = 64 tile: 128 queries a step, each consumer's dQ its own 64 queries over all 128 keys):
+    GQA, ragged ends, Sq != Sk both ways, several items and query blocks per CTA, with the store warp too."""
+    run_case(1, 4, 2, 1000, 700, 64, causal, dtype=dtype, queries=128)
+    run_case(2, 2, 1, 17, 1500, 64, causal, dtype=dtype, queries=128)
+    run_case(1, 2, 2, 1500, 300, 64, causal, dtype=dtype, queries=128, dq_writer=True, layout="bshd")
+
+
 @pytest.mark.parametrize("writer", [False, True], ids=["consumers", "store-warp"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_deterministic_mode_gives_the_same_bits_twice(d, writer):

@@ -19,13 +19,15 @@ def two_sms(monkeypatch):
     monkeypatch.setattr(_launch, "sm_count", lambda *a: 2)  # a persistent grid of 2: several items per CTA
 
 
-CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form)
+CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form or the plan's options)
     (1, 2, 1, 40, 300, 64, True, False),  # GQA (two query heads per K/V head), causal diagonal, ragged ends; three
     # items on two CTAs, two of them seen by no query (their K and V read into registers, then released: the warps'
     # reads ordered before lane 0's release by cuda.syncwarp, or the next item's load races them)
     (1, 1, 1, 17, 150, 128, False, True),  # two 64-wide chunks of D, one query block (17 rows), two key items
     (1, 1, 1, 40, 100, 256, True, False),  # D = 256: 64-key items, each consumer half of the head dim; the keys
     # past every query (causal) get dK = dV = 0 from an item without query blocks
+    (1, 2, 1, 150, 170, 64, True, dict(queries=128)),  # 128 queries a step (FA3's D = 64 tile): the causal diagonal
+    # of a 128 x 128 block, a ragged last query block, GQA
 ]
 
 
@@ -41,10 +43,10 @@ def test_gradients_match_numpy(case):
     lse = cuda.to_device(np.full((b, hq, sq), np.nan, np.float32))
     args = [cuda.to_device(x) for x in (q, k, v)]
     Attention(*args, o, lse, causal=causal).launch()
-    if function:
+    if function is True:
         attention_backward(*args, o, cuda.to_device(do), lse, dq, dk, dv, causal=causal)
     else:
-        AttentionBackward(*args, o, cuda.to_device(do), lse, dq, dk, dv, causal=causal).launch()
+        AttentionBackward(*args, o, cuda.to_device(do), lse, dq, dk, dv, causal=causal, **(function or {})).launch()
     # (the reference's o is exact; ours is rounded to float16 - delta differs by that rounding only)
     grads = []
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference(q, k, v, do, causal, 1 / np.sqrt(d))):
