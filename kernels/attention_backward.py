@@ -131,7 +131,9 @@ class AttentionBackward(Plan):
     consumer's thread 0 issues its own after a warpgroup barrier, 1-4% faster at D = 64), ``dv_first`` (default
     True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK), ``persistent``
     (default True: a CTA per SM taking items round by round; False: a CTA per item, as FA4's grid - a benchmark
-    switch, not yet measured; refused with ``deterministic``). ``launch(stream)``
+    switch, not yet measured; refused with ``deterministic``), ``queries`` (query rows a step: 64, or 128 at D = 64 -
+    FA3's D = 64 tile, each consumer's dQ its own 64 queries over all 128 keys; not yet measured, refused with
+    ``deterministic``, ``kv_registers`` and ``dq_split``). ``launch(stream)``
     runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
