@@ -190,7 +190,8 @@ def test_every_kernel_factory_is_decorated():
                     assert "kernel_factory" in names, f"{path.name}: {node.name} builds a kernel: @kernel_factory"
     assert found == {
         "attention": ["_attention_kernel"],
-        "attention_backward": ["_backward_kernel"], "_attention_backward_rows": ["_prep_kernel", "_post_kernel"],
+        "_attention_backward_kernel": ["_backward_kernel"],
+        "_attention_backward_rows": ["_prep_kernel", "_post_kernel"],
         "copy": ["_copy_kernel"], "gemm": ["_gemm_kernel"],
         "rowsum": ["_row_sum_kernel", "_fill_zero_kernel"],
         "softmax": ["_softmax_rows_kernel", "_softmax_chunked_kernel"], "stencil": ["_laplacian_kernel"],

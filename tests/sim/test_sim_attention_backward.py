@@ -26,8 +26,8 @@ CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form 
     (1, 1, 1, 17, 150, 128, False, True),  # two 64-wide chunks of D, one query block (17 rows), two key items
     (1, 1, 1, 40, 100, 256, True, False),  # D = 256: 64-key items, each consumer half of the head dim; the keys
     # past every query (causal) get dK = dV = 0 from an item without query blocks
-    (1, 2, 1, 150, 170, 64, True, dict(queries=128)),  # 128 queries a step (FA3's D = 64 tile): the causal diagonal
-    # of a 128 x 128 block, a ragged last query block, GQA
+    (1, 2, 1, 100, 170, 64, True, dict(queries=128)),  # 128 queries a step (FA3's D = 64 tile): the causal diagonal
+    # of a 128 x 128 block, a ragged query block, GQA, and an item no query sees (keys 128..169)
 ]
 
 
