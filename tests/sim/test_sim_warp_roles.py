@@ -7,15 +7,19 @@ intrinsics' semantics.
 * pingpong + warpgroup_sync: two consumer warpgroups take turns appending to a log; the log holds the turns in
   ring order and each entry sums what the whole warpgroup wrote in that turn. Planted bugs: a consumer that
   skips its turn's wait is reported as a hang; a turn without the warpgroup barrier sums stale scratch.
+* tile_handoff gathers every consumer's half; store_warp hands each consumer's buffer, round after round, to a
+  store warp that copies it out (bulk_store). Planted bugs: a consumer missing from ``all()``, a store warp that
+  skips a ``free`` - both reported as hangs.
 """
 import importlib.util
 import pathlib
 
 import numpy as np
 import pytest
-from numba import cuda
+from numba import cuda, float32
 
-from numbatma.intrinsics import pingpong, tile_handoff, warpgroup_sync
+from numbatma.intrinsics import (bulk_commit_group, bulk_store, bulk_wait_group, pingpong, store_warp, tile_handoff,
+                                 warpgroup_sync)
 from numbatma.intrinsics._sim import SimulatedHang
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
@@ -153,3 +157,53 @@ def test_planted_bug_handoff_all_in_one_consumer_hangs():
     """Only consumer 0 calls ``all()``: named barrier 5 waits for 256 threads and gets 128 - reported as a hang."""
     with pytest.raises(SimulatedHang, match=r"named_barrier_sync\(5, 256\)"):
         _make_handoff(True)[1, 2 * WARPGROUP](cuda.to_device(np.zeros((2, WARPGROUP), np.int32)))
+
+
+def _make_store_warp(rounds, skip_last_free):
+    sw = store_warp(2)
+
+    @cuda.jit
+    def stores(out):
+        """Each round, consumer warpgroup c (warpgroups 1, 2) writes its 128-float buffer (``acquire`` / ``publish``)
+        and the store warp (warp 1 of warpgroup 0) copies both buffers to ``out[round, c]`` with ``bulk_store`` -
+        one buffer per consumer, reused every round, so a round's writes wait until the last round's copy has read
+        the buffer."""
+        buf = cuda.shared.array((2, WARPGROUP), np.float32, alignment=128)
+        wg = cuda.threadIdx.x // WARPGROUP
+        tw = cuda.threadIdx.x % WARPGROUP
+        if wg > 0:
+            c = wg - 1
+            for r in range(rounds):
+                sw.acquire(c)
+                buf[c, tw] = float32(1000 * r + 200 * c + tw)
+                sw.publish(c)
+        elif cuda.threadIdx.x // 32 == 1:
+            lane = cuda.threadIdx.x % 32
+            for r in range(rounds):
+                if not (skip_last_free and r == rounds - 1):
+                    sw.free(lane)
+                for c in range(2):
+                    sw.take(c)
+                    if lane == 0:
+                        bulk_store(out[r, c], buf[c])
+                        bulk_commit_group()
+            if lane == 0:
+                bulk_wait_group(0)
+
+    return stores
+
+
+def test_store_warp_hands_every_round_of_both_consumers_over():
+    rounds = 4
+    out = cuda.to_device(np.full((rounds, 2, WARPGROUP), np.nan, np.float32))
+    _make_store_warp(rounds, False)[1, 3 * WARPGROUP](out)
+    want = np.array([[[1000 * r + 200 * c + t for t in range(WARPGROUP)] for c in range(2)] for r in range(rounds)],
+                    np.float32)
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+
+
+def test_planted_bug_store_warp_skipping_a_free_hangs():
+    """The store warp does not free the buffers in the last round: both consumers wait at ``acquire`` (the "empty"
+    barrier, 160 threads) for the store warp's arrival - reported as a hang."""
+    with pytest.raises(SimulatedHang, match=r"named_barrier_sync\([6-9], 160\)"):
+        _make_store_warp(3, True)[1, 3 * WARPGROUP](cuda.to_device(np.zeros((3, 2, WARPGROUP), np.float32)))
