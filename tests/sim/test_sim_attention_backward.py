@@ -1,17 +1,25 @@
 """Under NUMBA_ENABLE_CUDASIM=1: numbatma.kernels.AttentionBackward (the preprocess, the warp-specialized main kernel
 - TMA loads of K, V, Q, dO and the row statistics through two Pipelines, Sᵀ / dPᵀ / dV / dK / dQ on wgmma with
 Pᵀ and dSᵀ from registers and dSᵀ read back from shared memory MN-major, dq's float32 additions - and the
-postprocess) matches a float64 NumPy reference of the gradients, on the forward's own o and lse, and finite
+postprocess) matches a float64 NumPy reference of the gradients, on the reference forward's o and lse, and finite
 differences of the float64 forward (tests/attention_reference.py: fd_directional_check). Kept small: the
 simulator runs 384 Python threads per block. Float16 inputs (NumPy has them; bfloat16 takes the same path)."""
 import numpy as np
 import pytest
 from numba import cuda
 
-from numbatma.kernels import Attention, AttentionBackward, _launch, attention_backward
+from numbatma.kernels import AttentionBackward, _launch, attention_backward
 
 from attention_reference import attention_backward_reference as reference
+from attention_reference import attention_reference
 from attention_reference import fd_directional_check, fd_ratios, fd_table
+
+
+def forward(q, k, v, causal):
+    """The forward's o (float16) and lse (float32) from the float64 reference - the simulated Attention kernel has
+    tests of its own (tests/sim/test_sim_attention.py), and here it took ~6 s a case; the GPU tests chain the two."""
+    o, lse = attention_reference(q, k, v, causal, 1 / np.sqrt(q.shape[-1]))
+    return o.astype(np.float16), lse.astype(np.float32)
 
 
 @pytest.fixture(autouse=True)
@@ -39,10 +47,8 @@ def test_gradients_match_numpy(case):
     q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
     k, v = (rng.standard_normal((b, hk, sk, d)).astype(np.float16) for _ in range(2))
     dq, dk, dv = (cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v))
-    o = cuda.to_device(np.full(q.shape, np.nan, np.float16))
-    lse = cuda.to_device(np.full((b, hq, sq), np.nan, np.float32))
+    o, lse = (cuda.to_device(x) for x in forward(q, k, v, causal))
     args = [cuda.to_device(x) for x in (q, k, v)]
-    Attention(*args, o, lse, causal=causal).launch()
     if function is True:
         attention_backward(*args, o, cuda.to_device(do), lse, dq, dk, dv, causal=causal)
     else:
@@ -71,12 +77,11 @@ def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
     q, do = (rng.standard_normal((b, h, sq, d)).astype(np.float16) for _ in range(2))
     k, v = (rng.standard_normal((b, h, sk, d)).astype(np.float16) for _ in range(2))
     dk, dv = (cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (k, v))
-    lse = cuda.to_device(np.zeros((b, h, sq), np.float32))
     args = [cuda.to_device(x) for x in (q, k, v)]
-    o_dense = cuda.to_device(np.zeros(q.shape, np.float16))
-    Attention(*args, o_dense, lse).launch()  # (the forward stores o by TMA: 16-byte aligned rows)
+    o_dense, lse_host = forward(q, k, v, False)
+    lse = cuda.to_device(lse_host)
     o_host = np.full((b, h, sq, d + 2), 7, np.float16)
-    o_host[..., 2:] = o_dense.copy_to_host()
+    o_host[..., 2:] = o_dense
     o = cuda.to_device(o_host)[..., 2:]
     dq_parent = cuda.to_device(np.full((b, h, sq, d + 2), 7, np.float16))
     dq = dq_parent[..., 2:]
@@ -102,10 +107,8 @@ def test_deterministic_mode_counts_dq_turns_by_key_block():
     rng = np.random.default_rng()
     q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
     k, v = (rng.standard_normal((b, hk, sk, d)).astype(np.float16) for _ in range(2))
-    o = cuda.to_device(np.zeros(q.shape, np.float16))
-    lse = cuda.to_device(np.zeros((b, hq, sq), np.float32))
+    o, lse = (cuda.to_device(x) for x in forward(q, k, v, True))
     args = [cuda.to_device(x) for x in (q, k, v)]
-    Attention(*args, o, lse, causal=True).launch()
     grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
     plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True,
                              kv_stages=2)  # (and two K/V stages: one block takes every item, both stages used)
