@@ -113,7 +113,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
     own_keys = not wide and (split or default_dq_split(d)) == "keys"  # (wide: each consumer its own queries)
     dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
-    adds = 2 * dq_chunks  # reduce-adds into a query block's dQ per item (deterministic: the turn counter's step)
+    # reduce-adds into a 64-row query block's dQ per item (deterministic: the turn counter's step); wide: only the
+    # consumer whose queries they are adds into a block
+    adds = dq_chunks if wide else 2 * dq_chunks
     # pingpong: the consumers issue their Sᵀ and dPᵀ in turn, so that the first one's softmax runs while the
     # second one's products do (named barriers 3 and 4; 1, 2: warpgroup_sync; 5: the dSᵀ handoff)
     turn_start, wait_turn, pass_turn, turn_finish = pingpong(2)

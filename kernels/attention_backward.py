@@ -135,7 +135,7 @@ class AttentionBackward(Plan):
     (default True: a CTA per SM taking items round by round; False: a CTA per item, as FA4's grid - a benchmark
     switch, not yet measured; refused with ``deterministic``), ``queries`` (query rows a step: 64, or 128 at D = 64 -
     FA3's D = 64 tile, each consumer's dQ its own 64 queries over all 128 keys; not yet measured, refused with
-    ``deterministic``, ``kv_registers`` and ``dq_split``). ``launch(stream)``
+    ``kv_registers``, ``dq_split`` and ``deterministic`` together with ``dq_writer``). ``launch(stream)``
     runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
@@ -256,9 +256,9 @@ class AttentionBackward(Plan):
             raise TensorMapError(f"{op}: kv_registers=True needs head dim 64 (K and V of a consumer's keys as register "
                                  f"A fragments: {d // 2} more registers a thread at head dim {d}, which the consumers "
                                  f"do not have), got head dim {d}")
-        if self.deterministic and self.queries == 128:
-            raise TensorMapError(f"{op}: deterministic=True is not implemented with queries=128 (its turn counters "
-                                 f"count 64-row query blocks); use queries=64")
+        if self.deterministic and self.queries == 128 and self.dq_writer:
+            raise TensorMapError(f"{op}: deterministic=True with queries=128 orders the consumers' own reduce-adds; "
+                                 f"it is not implemented with dq_writer=True")
         if self.deterministic and not self.persistent:
             raise TensorMapError(f"{op}: deterministic=True needs persistent=True (an item waits for items of higher "
                                  f"key blocks, which a persistent CTA has taken earlier; a grid of one CTA an item "

@@ -84,7 +84,9 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
     (dict(), dict(queries=96), "queries must be 64 or 128, got 96"),
     (dict(d=128), dict(queries=128), "queries=128 .* needs head dim 64 .*got head dim 128"),
     (dict(), dict(queries=128, kv_registers=True), "kv_registers=True and queries=128 do not fit together"),
-    (dict(), dict(queries=128, deterministic=True), "deterministic=True is not implemented with queries=128"),
+    (dict(), dict(queries=128, deterministic=True, dq_writer=True), "deterministic=True with queries=128 orders the "
+                                                                     "consumers' own reduce-adds; it is not "
+                                                                     "implemented with dq_writer=True"),
     (dict(), dict(queries=128, dq_split="keys"), "dq_split='keys' is not a choice with queries=128"),
     (dict(), dict(persistent=False, deterministic=True), "deterministic=True needs persistent=True"),
 ])
