@@ -79,18 +79,19 @@ def _prep_kernel(kind, wide, d):
         first = uint32((cuda.blockIdx.y * PREP_WARPS + cuda.threadIdx.x // 32) * PREP_ROWS)
         for step in range(steps):
             i = uint32(first + step * group_rows + g)
-            if i < padded:
+            if i < padded:  # (the same for every row of the warp's group: padded is a multiple of 64)
                 if li == 0 and i % BQ == 0:
                     turns[b, h, i // BQ] = 0
+                acc = ZERO
                 if i < sq32:
-                    acc = ZERO
                     for k in range(per_lane):
                         j = uint32(li + k * lanes)
                         acc += dot(o_r[i, j], do_r[i, j])
-                    m = lanes // 2
-                    while m > 0:  # (constant trip count: unrolled; xor within the row's lanes)
-                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, m)
-                        m //= 2
+                m = lanes // 2
+                while m > 0:  # (constant trip count: unrolled; xor within the row's lanes - every lane of the warp
+                    acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, m)  # shuffles, its other row past the queries too)
+                    m //= 2
+                if i < sq32:
                     for k in range(pairs_per_lane):
                         acc_r[i, uint32(li + k * lanes)] = uint64(0)
                     if li == 0:

@@ -140,3 +140,27 @@ def test_deterministic_mode_with_128_queries_counts_one_add_per_key_block():
     for name, got, want in zip(("dq", "dk", "dv"), grads, reference(q, k, v, do, True, 1 / np.sqrt(d))):
         err = np.abs(got.copy_to_host().astype(np.float64) - want).max()
         assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_preprocess_rows_past_the_queries_in_a_shared_warp(d):
+    """The preprocess alone: at D = 64 a warp takes two rows at a time (16 lanes each), so with an odd Sq one of a
+    pair lies past the queries - its lanes must still take part in the other row's shuffles (a shuffle that half a
+    warp skips hangs here and is undefined on the GPU). delta and lse · log2 e for the rows, +inf / 0 past them,
+    dq's accumulator and the turn counters zeroed."""
+    b, h, sq, sk = 1, 2, 17, 40
+    rng = np.random.default_rng()
+    q, do, o = (rng.standard_normal((b, h, sq, d)).astype(np.float16) for _ in range(3))
+    k, v = (rng.standard_normal((b, h, sk, d)).astype(np.float16) for _ in range(2))
+    lse = rng.standard_normal((b, h, sq)).astype(np.float32)
+    args = [cuda.to_device(x) for x in (q, k, v, o, do, lse)]
+    grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
+    plan = AttentionBackward(*args, *grads)
+    plan.dqacc.copy_to_device(np.full(plan.dqacc.shape, np.nan, np.float32))
+    plan.prep.launch()
+    stats = plan.stats.copy_to_host()
+    delta = (do.astype(np.float64) * o.astype(np.float64)).sum(-1)
+    np.testing.assert_allclose(stats[:, :, 1, :sq], delta, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(stats[:, :, 0, :sq], lse * np.float32(1.4426950408889634), rtol=1e-6)
+    assert (stats[:, :, 0, sq:] == np.inf).all() and (stats[:, :, 1, sq:] == 0).all()
+    assert (plan.dqacc.copy_to_host() == 0).all() and (plan.turns.copy_to_host() == 0).all()
