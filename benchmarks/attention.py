@@ -130,6 +130,25 @@ def torch_impl(backend_name):
     return make
 
 
+def fa4_impl():
+    """FlashAttention-4's forward (``flash_attn.cute``, CuTe DSL, its SM90 path; optional, ``--fa4``: its wheels
+    carried as docs/gpu.md says) on (B, S, H, D) copies of the case's tensors made outside the timed region. Equal
+    lengths only: its causal mask is bottom-right aligned, ours and SDPA's top-left."""
+    def make(torch, case, out):
+        from flash_attn.cute import flash_attn_func
+
+        if case.seq != case.seq_k:
+            raise ValueError("FA4's causal mask is bottom-right aligned: compared at equal lengths only")
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (case.q, case.k, case.v))
+        result = []
+
+        def run():
+            result[:] = [flash_attn_func(q, k, v, causal=case.causal)[0]]
+        return run, lambda: result[0].transpose(1, 2)
+
+    return make
+
+
 def numbatma_impl(**options):
     def make(torch, case, out):
         from numbatma.kernels import Attention
@@ -162,7 +181,7 @@ def run_case(torch, timer, case, impls, results, tag):
         r.update(ms=ms, tflops=case.flops / (ms * 1e-3) / 1e12, spread=spread)
         log(f"  {name:26s} {r['tflops']:7.1f} TFLOP/s  {ms:8.3f} ms  err {r['rel_err']:.1e}  spread {spread:.2f}"
             + ("" if r["ok"] else "  FAIL"))
-    for peer in ("cudnn", "flash"):
+    for peer in ("cudnn", "flash", "fa4"):
         if "tflops" in row.get(peer, {}):
             for name, _ in impls:
                 if name.startswith("numbatma") and "tflops" in row.get(name, {}):
@@ -180,6 +199,8 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dims", default="64,128,256")
+    parser.add_argument("--fa4", action="store_true",
+                        help="also time FlashAttention-4's forward (flash_attn.cute, where it imports) in this run")
     parser.add_argument("--seqs", default=None, help="sequence lengths (default 512..16384)")
     parser.add_argument("--prewarm", type=int, default=0, help="compile the tiles' kernels in N processes first")
     parser.add_argument("--backward", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
@@ -222,6 +243,8 @@ def forward(args, sections):
     gpu = torch.cuda.get_device_name()
     log(f"GPU: {gpu}; torch {torch.__version__}")
     peers = [("cudnn", torch_impl("CUDNN_ATTENTION")), ("flash", torch_impl("FLASH_ATTENTION"))]
+    if args.fa4:  # (measured in this run, beside the FACTS.md ratio the summary's "FA4 ref" column uses)
+        peers.append(("fa4", fa4_impl()))
     ours = ("numbatma", numbatma_impl())
     dims = [int(x) for x in args.dims.split(",")]
     results = []
