@@ -81,6 +81,7 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
                                                              "warp; dq_reduce='atomic' has none"),
     (dict(), dict(dv_first="no"), "dv_first must be True or False, got 'no'"),
     (dict(), dict(persistent=0), "persistent must be True or False, got 0"),
+    (dict(sq=65535 * 32 + 1, sk=100), dict(), r"q has 2097121 query rows .*the row kernels take at most 2097120"),
     (dict(), dict(queries=96), "queries must be 64 or 128, got 96"),
     (dict(d=128), dict(queries=128), "queries=128 .* needs head dim 64 .*got head dim 128"),
     (dict(), dict(queries=128, kv_registers=True), "kv_registers=True and queries=128 do not fit together"),

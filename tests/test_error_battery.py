@@ -268,6 +268,33 @@ HOST = {
                                          TensorMapError, "kv_registers must be True or False, got 1"),
     "AttentionBackward kv_registers at 128": (lambda: K.AttentionBackward(*_backward_arrays(d=128), kv_registers=True),
                                               TensorMapError, "kv_registers=True needs head dim 64"),
+    "AttentionBackward dq_writer 1": (lambda: K.AttentionBackward(*_backward_arrays(), dq_writer=1),
+                                      TensorMapError, "dq_writer must be True or False, got 1"),
+    "AttentionBackward dq_writer with atomics": (
+        lambda: K.AttentionBackward(*_backward_arrays(d=128), dq_writer=True, dq_reduce="atomic"), TensorMapError,
+        "dq_writer=True hands dq's TMA reduce-adds to a store warp; dq_reduce='atomic' has none"),
+    "AttentionBackward dv_first 'no'": (lambda: K.AttentionBackward(*_backward_arrays(), dv_first="no"),
+                                        TensorMapError, "dv_first must be True or False, got 'no'"),
+    "AttentionBackward persistent 0": (lambda: K.AttentionBackward(*_backward_arrays(), persistent=0),
+                                       TensorMapError, "persistent must be True or False, got 0"),
+    "AttentionBackward non-persistent deterministic": (
+        lambda: K.AttentionBackward(*_backward_arrays(), persistent=False, deterministic=True), TensorMapError,
+        "deterministic=True needs persistent=True"),
+    "AttentionBackward queries 96": (lambda: K.AttentionBackward(*_backward_arrays(), queries=96),
+                                     TensorMapError, "queries must be 64 or 128, got 96"),
+    "AttentionBackward queries 128 at 128": (lambda: K.AttentionBackward(*_backward_arrays(d=128), queries=128),
+                                             TensorMapError, "needs head dim 64"),
+    "AttentionBackward queries 128 with kv_registers": (
+        lambda: K.AttentionBackward(*_backward_arrays(), queries=128, kv_registers=True), TensorMapError,
+        "kv_registers=True and queries=128 do not fit together"),
+    "AttentionBackward queries 128 with dq_split": (
+        lambda: K.AttentionBackward(*_backward_arrays(), queries=128, dq_split="keys"), TensorMapError,
+        "dq_split='keys' is not a choice with queries=128"),
+    "AttentionBackward queries 128 deterministic store warp": (
+        lambda: K.AttentionBackward(*_backward_arrays(), queries=128, deterministic=True, dq_writer=True),
+        TensorMapError, "deterministic=True with queries=128 orders the consumers' own reduce-adds"),
+    "store_warp barriers past 15": (lambda: numbatma.intrinsics.store_warp(2, 13), ValueError,
+                                    "barrier ids 13..16 within 1..15, got consumers=2, first_barrier=13"),
     "tile_handoff barrier 16": (lambda: numbatma.intrinsics.tile_handoff(2, 16), ValueError,
                                 "a barrier id in 1..15, got consumers=2, barrier=16"),
     "wait_release lag 8": (lambda: numbatma.intrinsics.wait_release(8), ValueError, "lag must be an int in 0..7"),
