@@ -98,6 +98,17 @@ def default_dq_split(d):
     return {64: "keys", 128: "cols"}.get(d, "halves")
 
 
+def dq_chunks_per_step(d, split=None, queries=BQ):
+    """64-wide chunks of dQ a consumer computes per step: 2 at D = 256 (its half of the head dim), D / 64 with
+    ``split="keys"`` (every column, over its own keys), else 1 (its 64 columns - or, ``queries=128``, every column of
+    its own 64 queries). The kernel's and the plan's count (the store warp's staging buffers) of one rule."""
+    if d == 256:
+        return 2
+    if queries == BQ and (split or default_dq_split(d)) == "keys":
+        return d // CHUNK
+    return 1
+
+
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
                      deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False, dv_first=False,
@@ -112,7 +123,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
     own_keys = not wide and (split or default_dq_split(d)) == "keys"  # (wide: each consumer its own queries)
-    dq_chunks = 2 if halves else (chunks if own_keys else 1)  # 64-wide chunks of dQ a consumer computes per block
+    dq_chunks = dq_chunks_per_step(d, split, QW)  # 64-wide chunks of dQ a consumer computes per step
     # reduce-adds into a 64-row query block's dQ per item (deterministic: the turn counter's step); wide: only the
     # consumer whose queries they are adds into a block
     adds = dq_chunks if wide else 2 * dq_chunks
@@ -233,10 +244,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         ``red.global.add.f32`` an element."""
         if dq_reduce == "atomic":  # (the first version's way, kept for the benchmark)
             wgmma_map(dq, add_dq, (dqacc, b, h, m0 + row_in_wg, col0, sq))
-        elif writer:  # (chunk nd of the step into its own buffer: the caller acquired them)
-            wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
         else:
-            dq_out.acquire(w, tw)  # (one staging buffer: the reduce that last read it has read it)
+            if not writer:  # (writer: chunk nd of the step into its own buffer, which the caller acquired)
+                dq_out.acquire(w, tw)  # (one staging buffer: the reduce that last read it has read it)
             wgmma_store(dq, shared_view(dq_stage, dq_buffer_at(w, nd), (2, BQ, 32)), dq_map, 0, 0)
 
     @cuda.jit(device=True, inline="always")
@@ -364,7 +374,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     col0 = CHUNK * own * w if halves else (0 if own_keys or wide else CHUNK * w)
                     row0 = m0 + BQ * w if wide else m0  # (wide: each consumer's dQ is its own 64 queries)
                     for cc in range(dq_chunks):
-                        at = int32((w * dq_buffers + cc) * dq_elems)
+                        at = dq_buffer_at(w, cc)
                         for j in range(2):
                             tma_reduce("add", dq_map, (b, h, row0, col0 + CHUNK * cc + 32 * j),
                                        shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))

@@ -72,8 +72,8 @@ from numba import cuda
 from numbatma import SIMULATING, Swizzle, TensorMap, TensorMapError, array_layout
 from numbatma.views import ArrayLayout, kernel_view, layout_view
 
-from ._attention_backward_kernel import (DQ_SPLITS, SMEM_LIMIT, _backward_kernel, default_dq_split, keys_per_item,
-                                         shared_bytes, static_shared_bytes)
+from ._attention_backward_kernel import (DQ_SPLITS, SMEM_LIMIT, _backward_kernel, default_dq_split,
+                                         dq_chunks_per_step, keys_per_item, shared_bytes, static_shared_bytes)
 from ._attention_backward_rows import BQ, Post, Prep, aligned, word_layout
 from ._attention_config import CHUNK, DTYPES, FUSED_MAX_SCALE, LAYOUTS, WARPGROUP
 from ._launch import ceil_div, persistent_grid
@@ -228,7 +228,7 @@ class AttentionBackward(Plan):
         self.dq_split = dq_split or default_dq_split(d)
         # (dq_writer: one staging buffer per 64-wide dQ chunk a consumer makes per query block - the store warp has
         # read it by the next block; otherwise two rotating ones where they fit)
-        writer_buffers = 2 if d == 256 or (d == 128 and self.dq_split == "keys") else 1
+        writer_buffers = dq_chunks_per_step(d, self.dq_split, self.queries)
 
         def fits(n, buffers=1):
             return (shared_bytes(d, n, self.kv_stages, self.queries) + static_shared_bytes(n, buffers, self.queries)
