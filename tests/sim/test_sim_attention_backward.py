@@ -95,6 +95,27 @@ def test_rows_on_4_byte_boundaries_take_the_narrow_row_kernels():
     assert (dq_parent.copy_to_host()[..., :2] == 7).all(), "dq's parent written outside the view"
 
 
+def deterministic_turns(hq, **options):
+    """A causal deterministic plan (1 batch, ``hq`` query heads on one K/V head, 70 x 150 queries and keys, D = 64)
+    launched and checked against the reference; returns its turn counters (batch, head, 64-row query block) and the
+    key blocks that see each query block."""
+    b, hk, sq, sk, d = 1, 1, 70, 150, 64
+    rng = np.random.default_rng()
+    q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
+    k, v = (rng.standard_normal((b, hk, sk, d)).astype(np.float16) for _ in range(2))
+    o, lse = (cuda.to_device(x) for x in forward(q, k, v, True))
+    args = [cuda.to_device(x) for x in (q, k, v)]
+    grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
+    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True, **options)
+    assert plan.grid == 1
+    plan.launch()
+    for name, got, want in zip(("dq", "dk", "dv"), grads, reference(q, k, v, do, True, 1 / np.sqrt(d))):
+        err = np.abs(got.copy_to_host().astype(np.float64) - want).max()
+        assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}"
+    turns = plan.turns.copy_to_host()
+    return turns, [sum(1 for n0 in range(0, sk, 128) if n0 <= 64 * i + 63) for i in range(turns.shape[2])]
+
+
 def test_deterministic_mode_counts_dq_turns_by_key_block():
     """deterministic=True: each consumer waits for its query block's turn before reduce-adding dQ and counts its
     adds (at its next add, or the item's end). One block in the simulator (it runs blocks one after another: the
@@ -103,43 +124,15 @@ def test_deterministic_mode_counts_dq_turns_by_key_block():
     reference. (Bitwise equality of two
     runs: tests/test_gpu_attention_backward.py.) With kv_stages=2: the second item's K and V load into the second
     stage while the first item runs."""
-    b, hq, hk, sq, sk, d = 1, 2, 1, 70, 150, 64
-    rng = np.random.default_rng()
-    q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
-    k, v = (rng.standard_normal((b, hk, sk, d)).astype(np.float16) for _ in range(2))
-    o, lse = (cuda.to_device(x) for x in forward(q, k, v, True))
-    args = [cuda.to_device(x) for x in (q, k, v)]
-    grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
-    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True,
-                             kv_stages=2)  # (and two K/V stages: one block takes every item, both stages used)
-    assert plan.grid == 1
-    plan.launch()
-    turns = plan.turns.copy_to_host()
-    seen = [sum(1 for n0 in range(0, sk, 128) if n0 <= 64 * i + 63) for i in range(turns.shape[2])]
+    turns, seen = deterministic_turns(2, kv_stages=2)  # (one block takes every item: both K/V stages used)
     assert (turns == 2 * np.array(seen)[None, None, :]).all(), (turns, seen)
-    for name, got, want in zip(("dq", "dk", "dv"), grads, reference(q, k, v, do, True, 1 / np.sqrt(d))):
-        err = np.abs(got.copy_to_host().astype(np.float64) - want).max()
-        assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}"
 
 
 def test_deterministic_mode_with_128_queries_counts_one_add_per_key_block():
     """deterministic=True with queries=128: each 64-row query block takes its adds from the consumer whose queries
     they are - one per key block that sees it (2 per key block with 64 queries a step, where both consumers add)."""
-    b, hq, hk, sq, sk, d = 1, 1, 1, 70, 150, 64
-    rng = np.random.default_rng()
-    q, do = (rng.standard_normal((b, hq, sq, d)).astype(np.float16) for _ in range(2))
-    k, v = (rng.standard_normal((b, hk, sk, d)).astype(np.float16) for _ in range(2))
-    o, lse = (cuda.to_device(x) for x in forward(q, k, v, True))
-    args = [cuda.to_device(x) for x in (q, k, v)]
-    grads = [cuda.to_device(np.full(x.shape, np.nan, np.float16)) for x in (q, k, v)]
-    plan = AttentionBackward(*args, o, cuda.to_device(do), lse, *grads, causal=True, deterministic=True, queries=128)
-    plan.launch()
-    turns = plan.turns.copy_to_host()
-    seen = [sum(1 for n0 in range(0, sk, 128) if n0 <= 64 * i + 63) for i in range(turns.shape[2])]
+    turns, seen = deterministic_turns(1, queries=128)
     assert turns.shape[2] == 2 and (turns == np.array(seen)[None, None, :]).all(), (turns, seen)
-    for name, got, want in zip(("dq", "dk", "dv"), grads, reference(q, k, v, do, True, 1 / np.sqrt(d))):
-        err = np.abs(got.copy_to_host().astype(np.float64) - want).max()
-        assert err <= 4e-3 * np.abs(want).max(), f"{name}: max error {err:.3g}"
 
 
 @pytest.mark.parametrize("d", [64, 128])
