@@ -433,9 +433,11 @@ def operand_matrix(operand, rows, site):
     s = sim()
     lay = operand.layout
     tile = np.asarray(operand.tile)
-    lo, hi = s.bounds(tile)
-    with s.lock:
-        s.check_store_source(lo, hi, "wgmma", f"{_allocation(operand.tile)[0]}; the wgmma at {site[0]}:{site[1]}")
+    start = int(tile.__array_interface__["data"][0])
+    with s.lock:  # (the rows this instruction reads, as the hardware does - not the whole tile)
+        for lo, hi in _read_spans(operand, rows):
+            s.check_store_source(start + lo * lay.pitch, start + hi * lay.pitch, "wgmma",
+                                 f"{_allocation(operand.tile)[0]}; the wgmma at {site[0]}:{site[1]}")
     bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[lay.itemsize]
     raw = np.ascontiguousarray(tile).view(np.uint8).reshape(lay.groups, lay.rows, lay.pitch)
     if lay.swizzle:  # undo the swizzle: 16-byte chunk j of row r sits at j ^ (((r * pitch) >> 7) & mask)
@@ -479,6 +481,16 @@ def record_operand_read(operand, rows, which, group, site):
     name, base = _allocation(operand.tile)
     reader = f"the {which} operand of the wgmma issued at {site[0]}:{site[1]}"
     owner = ("wgmma", s.thread_index() // 128)
+    for lo, hi in _read_spans(operand, rows):
+        s.add_operand_read(start + lo * lay.pitch, start + hi * lay.pitch, owner, group, name, base, reader)
+
+
+def _read_spans(operand, rows):
+    """The tile rows (``[lo, hi)`` in units of ``pitch`` bytes from the tile's start, groups stacked) that one
+    instruction reads: ``rows`` along M/N from ``operand.mn``, its k-step from ``operand.k``. Rows of a group are
+    whole 16-byte-chunk rows (the swizzle permutes chunks inside a row), so the spans are exact up to the unread
+    k-steps of a K-major row."""
+    lay = operand.layout
     if lay.major == "K":  # rows: M/N; the group holds the k-step
         g = min(operand.k // lay.width, lay.groups - 1)
         r0, r1 = min(operand.mn, lay.rows), min(operand.mn + rows, lay.rows)
@@ -488,6 +500,4 @@ def record_operand_read(operand, rows, which, group, site):
         r0, r1 = min(operand.k, lay.rows), min(operand.k + kstep, lay.rows)
         g0, g1 = operand.mn // lay.width, min((operand.mn + max(rows, 1) - 1) // lay.width, lay.groups - 1)
         spans = [(g * lay.rows + r0, g * lay.rows + r1) for g in range(g0, g1 + 1)]
-    for lo, hi in spans:
-        if hi > lo:
-            s.add_operand_read(start + lo * lay.pitch, start + hi * lay.pitch, owner, group, name, base, reader)
+    return [(lo, hi) for lo, hi in spans if hi > lo]

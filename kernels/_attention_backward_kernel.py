@@ -112,16 +112,23 @@ def dq_chunks_per_step(d, split=None, queries=BQ):
 @kernel_factory
 def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buffers=2, split=None,
                      deterministic=False, take_turns=False, kv_stages=1, kv_regs=False, writer=False, dv_first=False,
-                     queries=BQ):
+                     queries=BQ, split_scores=False):
     """The main kernel of one configuration (compile-time constants of the closure). ``queries``: query rows a step,
     64 or (D = 64 only) 128 - FA3's D = 64 tile: Sᵀ and dPᵀ 64 keys x 128 queries per consumer, and each consumer's
-    dQ the rows of its own 64 queries over all 128 keys (no partial sums of one tile from two consumers)."""
+    dQ the rows of its own 64 queries over all 128 keys (no partial sums of one tile from two consumers).
+    ``split_scores`` (D = 256): consumer ``w`` computes Sᵀ and dPᵀ of the step's queries ``32 w ..`` only (m64n32,
+    not both consumers all 64: 5/7 of the products' work) and leaves its Pᵀ and dSᵀ columns in shared tiles of
+    64 x 32 (64-byte swizzle, the ``half_map``'s box); dV and dK take its own 32 queries from registers and the
+    other consumer's from those tiles after the dSᵀ barrier, dQ reads both dSᵀ halves."""
     QW = queries  # query rows a step
     wide = QW != BQ
     qbox = QW // BQ  # 64-row boxes of a Q / dO / dSᵀ tile along its queries
     writer = writer and dq_reduce == "tma"  # (dQ's reduce-adds issued by warp 1 of the producer warpgroup)
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
+    split = halves and split_scores  # (each consumer Sᵀ and dPᵀ of half the step's queries)
+    SN = QW // 2 if split else QW  # queries of a consumer's Sᵀ and dPᵀ
+    HALF = BQ * (QW // 2)  # elements of a 64 x 32 half tile (split: a consumer's Pᵀ or dSᵀ columns)
     own_keys = not wide and (split or default_dq_split(d)) == "keys"  # (wide: each consumer its own queries)
     dq_chunks = dq_chunks_per_step(d, split, QW)  # 64-wide chunks of dQ a consumer computes per step
     # reduce-adds into a 64-row query block's dQ per item (deterministic: the turn counter's step); wide: only the
@@ -208,10 +215,15 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         return shared_view(smem, base + c * box, (BQ, CHUNK))
 
     @cuda.jit(device=True, inline="always")
-    def dq_product(smem, kvo, dq, u, w, cc, ds_map, k_map):
+    def dq_product(smem, kvo, dq, u, w, cc, ds_map, k_map, h_map):
         """dQ's chunk ``cc`` of consumer ``w`` from the dSᵀ buffer ``u`` (issued, not committed): over both 64-key
         halves (two products of K = 64: the halves' K tiles are not adjacent), or at D = 256 over the item's 64 keys
         (the consumer's own dSᵀ copy) for columns ``64 (2 w + cc) ..``."""
+        if split:  # (dSᵀ of the step: both consumers' 32-query halves, side by side along the queries)
+            ds_op = shared_view(smem, ds_base + 2 * u * box, (2, BQ, SN))
+            k_op = shared_view(smem, kvo + (2 * w + cc) * box, (1, BQ, CHUNK))
+            return wgmma(dq, wgmma_desc(ds_op, h_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
+                         0)
         if halves:
             ds_op = shared_view(smem, ds_base + (2 * u + w) * box, (1, BQ, CHUNK))
             k_op = shared_view(smem, kvo + (2 * w + cc) * box, (1, BQ, CHUNK))
@@ -299,8 +311,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     def producer(args):
         """One elected thread: per item K and V (into the next of ``kv_stages`` stages), then Q and dO of every
         query block of every query head of the group that sees the item's keys."""
-        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns,
-         dk, dv, batch, hk, group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, h_map, dqacc,
+         turns, dk, dv, batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb, QW)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
@@ -405,8 +417,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     @cuda.jit(device=True, inline="always")
     def consumer(w, args):
         """Consumer warpgroup ``w``: keys ``64 w ..`` of each item - dK and dV over every query block, dq's share."""
-        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns,
-         dk, dv, batch, hk, group, sq, sk, c, scale) = args
+        (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, h_map, dqacc,
+         turns, dk, dv, batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb, QW)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
@@ -414,6 +426,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         kv_w = 0 if halves else w * kw_elems  # this consumer's 64 keys of K and V (D = 256: the item's, shared)
         c0 = own * w if halves else 0  # its first chunk of dK, dV and dQ
         dq_col0 = CHUNK * c0 if halves else (0 if own_keys or wide else CHUNK * w)  # its first column of dQ
+        q0 = int32(SN * w) if split else int32(0)  # its first query of a step's Sᵀ and dPᵀ
+        qo = int32(SN * (1 - w))  # (split: the other consumer's)
         step = 0  # query blocks so far (the dSᵀ buffer)
         nd = 0  # dQ chunks staged so far (the rotating staging buffer)
         pending = (int32(0), int32(0), int32(-1))  # (deterministic: thread 0's last reduce-add, not yet counted)
@@ -454,45 +468,66 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     # while dPᵀ runs (and the lse values P needs are dead before dPᵀ's registers fill)
                     if take_turns:
                         wait_turn(w)  # my turn to issue
-                    st = wgmma_fence(wgmma_zeros(QW))
+                    st = wgmma_fence(wgmma_zeros(SN))
                     if kv_regs:
                         st = wgmma(st, kf, wgmma_desc(q_all, q_map, "K", 0, (0, d)), 0)
                     else:
-                        st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)), wgmma_desc(q_all, q_map, "K", 0, (0, d)),
+                        st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)), wgmma_desc(q_all, q_map, "K", q0, (0, d)),
                                    0)
                     wgmma_commit_group()
-                    dpt = wgmma_fence(wgmma_zeros(QW))
+                    dpt = wgmma_fence(wgmma_zeros(SN))
                     if kv_regs:
                         dpt = wgmma(dpt, vf, wgmma_desc(do_all, do_map, "K", 0, (0, d)), 0)
                     else:
                         dpt = wgmma(dpt, wgmma_desc(v_w, v_map, "K", 0, (0, d)),
-                                    wgmma_desc(do_all, do_map, "K", 0, (0, d)), 0)
+                                    wgmma_desc(do_all, do_map, "K", q0, (0, d)), 0)
                     wgmma_commit_group()
                     if take_turns:
                         pass_turn(w)  # the other's turn
-                    lse2 = shared_view(stats, 2 * s * QW, (QW,))
+                    if split:  # (this consumer's queries of the step)
+                        lse2 = shared_view(stats, int32(2 * s * QW + q0), (SN,))
+                        delta = shared_view(stats, int32((2 * s + 1) * QW + q0), (SN,))
+                        mq = int32(m0 + q0)
+                    else:
+                        lse2 = shared_view(stats, 2 * s * QW, (QW,))
+                        delta = shared_view(stats, (2 * s + 1) * QW, (QW,))
+                        mq = m0
                     st = wgmma_wait_group(1, st)
-                    if key_hi >= sk32 or (causal and key_hi > m0):  # (a ragged key block, the causal diagonal)
-                        p = wgmma_map(st, weights_masked, (c, lse2, key0, m0, sk32))
+                    if key_hi >= sk32 or (causal and key_hi > mq):  # (a ragged key block, the causal diagonal)
+                        p = wgmma_map(st, weights_masked, (c, lse2, key0, mq, sk32))
                     else:
                         p = wgmma_map(st, weights, (c, lse2))
                     dpt = wgmma_wait_group(0, dpt)
-                    dst = wgmma_map2(p, dpt, softmax_grad, shared_view(stats, (2 * s + 1) * QW, (QW,)))
+                    dst = wgmma_map2(p, dpt, softmax_grad, delta)
                     # dSᵀ into shared memory (dQ's A operand, read MN-major), then only P's and dS's 16-bit fragments
                     # stay in registers beside dK and dV. Two buffers by step parity: a consumer at this step's
                     # barrier knows the other finished the step before (its dQ product included)
                     u = step % 2
-                    wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * qbox * box, (qbox, BQ, CHUNK)), q_map, 0,
-                                0)
+                    if split:  # (this consumer's 32 queries of dSᵀ and Pᵀ, for dQ and the other consumer's dK, dV)
+                        wgmma_store(dst, shared_view(smem, ds_base + 2 * u * box + w * HALF, (BQ, SN)), h_map, 0, 0)
+                        wgmma_store(p, shared_view(smem, ds_base + (2 * u + 1) * box + w * HALF, (BQ, SN)), h_map, 0,
+                                    0)
+                    else:
+                        wgmma_store(dst, shared_view(smem, ds_base + (2 * u + w) * qbox * box, (qbox, BQ, CHUNK)),
+                                    q_map, 0, 0)
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
-                    do_own = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box), (own, QW, CHUNK))
-                    q_own = shared_view(smem, int32(q_at + c0 * qbox * box), (own, QW, CHUNK))
+                    # (dO and Q of the consumer's columns, from its first query of Sᵀ: split, the products below take
+                    # their rows 0 .. 31 - the view's base moved, a k-range is a constant)
+                    if split:
+                        do_own = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box + q0 * CHUNK),
+                                             (own, QW, CHUNK))
+                        q_own = shared_view(smem, int32(q_at + c0 * qbox * box + q0 * CHUNK), (own, QW, CHUNK))
+                    else:
+                        do_own = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box), (own, QW, CHUNK))
+                        q_own = shared_view(smem, int32(q_at + c0 * qbox * box), (own, QW, CHUNK))
                     if dv_first:  # (dV += Pᵀ dO issued before the barrier: the tensor cores work while it waits)
                         pf = wgmma_fence(pf)
-                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, QW)), 1)
+                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, SN)), 1)
                         wgmma_commit_group()
-                    if halves or own_keys:
+                    if split:
+                        ds_handoff.all()  # (both consumers' Pᵀ and dSᵀ halves written: each reads the other's)
+                    elif halves or own_keys:
                         ds_handoff.own(w)  # (dQ reads only this consumer's dSᵀ)
                     else:
                         ds_handoff.all()  # (both 64-key halves of dSᵀ written: dQ reads both)
@@ -504,11 +539,22 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     else:
                         pf, dsf = wgmma_fence((pf, dsf))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
-                    dq = dq_product(smem, kvo, dq, u, w, 0, q_map, k_map)
+                    dq = dq_product(smem, kvo, dq, u, w, 0, q_map, k_map, h_map)
                     wgmma_commit_group()
                     if not dv_first:
-                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, QW)), 1)
-                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, QW)), 1)
+                        dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, SN)), 1)
+                    if split:  # (the other consumer's 32 queries: its Pᵀ from shared memory)
+                        do_other = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box + qo * CHUNK),
+                                               (own, QW, CHUNK))
+                        pt_other = shared_view(smem, ds_base + (2 * u + 1) * box + (1 - w) * HALF, (1, BQ, SN))
+                        dvacc = wgmma(dvacc, wgmma_desc(pt_other, h_map, "K", 0, (0, SN)),
+                                      wgmma_desc(do_other, do_map, "MN", 0, (0, SN)), 1)
+                    dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, SN)), 1)
+                    if split:
+                        q_other = shared_view(smem, int32(q_at + c0 * qbox * box + qo * CHUNK), (own, QW, CHUNK))
+                        ds_other = shared_view(smem, ds_base + 2 * u * box + (1 - w) * HALF, (1, BQ, SN))
+                        dkacc = wgmma(dkacc, wgmma_desc(ds_other, h_map, "K", 0, (0, SN)),
+                                      wgmma_desc(q_other, q_map, "MN", 0, (0, SN)), 1)
                     wgmma_commit_group()
                     dq = wgmma_wait_group(1, dq)  # (dV's group, if first, and dQ's completed)
                     if writer:  # (the buffers free again; consumer 0 tells the store warp what this block is)
@@ -522,7 +568,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                             nd, pending = send_dq(nd, pending, dq_stage, dq_map, turns, rank, nkb, offset, w, tw, b, h,
                                                   dq_row0, dq_col0 + CHUNK * (cc - 1))
                         dq = wgmma_fence(wgmma_zeros(CHUNK))
-                        dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map)
+                        dq = dq_product(smem, kvo, dq, u, w, cc, q_map, k_map, h_map)
                         wgmma_commit_group()
                         dq = wgmma_wait_group(0, dq)
                         stage_dq(dq, cc if writer else nd, dq_stage, dq_map, dqacc, w, tw, b, h, dq_row0, row_in_wg,
@@ -560,8 +606,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     jit = cuda.jit(**({} if SIMULATING else {"max_registers": budget.launch}))
 
     @jit
-    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc, turns, dk, dv, batch, hk,
-                                  group, sq, sk, c, scale):
+    def attention_backward_kernel(q_map, k_map, v_map, do_map, stats_map, dq_map, h_map, dqacc, turns, dk, dv, batch,
+                                  hk, group, sq, sk, c, scale):
         smem = cuda.shared.array(0, nb_dtype, alignment=1024)
         stats = cuda.shared.array(stats_elems, np.float32, alignment=128)  # per stage: lse·log2 e, delta
         dq_stage = cuda.shared.array(dq_stage_elems, np.float32, alignment=1024)  # the consumers' dQ tiles
@@ -569,8 +615,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         kvpipe = Pipeline(kv_stages, 1, 8)  # K and V of an item: one arrival per consumer warp at its end
         qpipe = Pipeline(stages, 1, 8)  # Q and dO of a query block: one arrival per consumer warp
         grid_dependency_sync()
-        roles((smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, dqacc,
-               turns, dk, dv, batch, hk, group, sq, sk, c, scale))
+        roles((smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, h_map,
+               dqacc, turns, dk, dv, batch, hk, group, sq, sk, c, scale))
 
     return attention_backward_kernel
 

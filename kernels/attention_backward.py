@@ -18,7 +18,9 @@ Three kernels, launched in order on one stream:
    consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
    ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
    item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
-   dQ (both compute the same ``Sᵀ`` and ``dPᵀ``: 7/5 of the products' work, in the registers of D = 128). The
+   dQ (in the registers of D = 128), and computes ``Sᵀ`` and ``dPᵀ`` of the step's queries ``32 w ..`` only
+   (``split_scores``): its ``Pᵀ`` and ``dSᵀ`` columns go to shared 64 x 32 tiles, from which the other consumer's dV
+   and dK take them (+9-22% on an H200 over both consumers computing all of them, 7/5 of the products' work). The
    producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the keys
    (causal: from the diagonal on), of every query head of the group, through a ``stages``-deep :class:`Pipeline`.
    Per query block a consumer computes, all on wgmma:
@@ -126,16 +128,20 @@ class AttentionBackward(Plan):
     bitwise reproducible; 0.37-0.63x of the default causal, ~0.5x full on an H200), ``pingpong`` (the consumers
     issue Sᵀ and dPᵀ in turn - a benchmark switch, off: 1-5% slower on an H200), ``kv_stages`` (1 or 2: the next
     item's K and V loaded under this one, where shared memory allows - D = 64 with two Q/dO stages; a benchmark
-    switch, default 1: 2 is 1% slower at D = 64, 25% at D = 128), ``kv_registers`` (D = 64 only, the default there:
-    K and V of a consumer's keys as register A fragments for the whole item, read once with ``ldmatrix``; +4-7% on an
-    H200; False reads them from shared memory in every product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
+    switch, default 1: 2 is 1% slower at D = 64, 25% at D = 128), ``kv_registers`` (D = 64 only, with
+    ``queries=64``: K and V of a consumer's keys as register A fragments for the whole item, read once with
+    ``ldmatrix``; +4-7% over shared-memory operands on an H200; False reads them from shared memory in every
+    product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
     consumers hand it their staged chunks through named barriers - ``numbatma.intrinsics.store_warp``; False: each
     consumer's thread 0 issues its own after a warpgroup barrier, 1-4% faster at D = 64), ``dv_first`` (default
-    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK), ``persistent``
-    (default True: a CTA per SM taking items round by round; False: a CTA per item, as FA4's grid - a benchmark
-    switch, not yet measured; refused with ``deterministic``), ``queries`` (query rows a step: 64, or 128 at D = 64 -
-    FA3's D = 64 tile, each consumer's dQ its own 64 queries over all 128 keys; not yet measured, refused with
-    ``kv_registers``, ``dq_split`` and ``deterministic`` together with ``dq_writer``). ``launch(stream)``
+    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK), ``persistent`` (default True: a CTA per SM
+    taking items round by round; False: a CTA per item, as FA4's grid - the default at D = 256 causal, +3-7% there on
+    an H200, 0-6% slower elsewhere; refused with ``deterministic``), ``queries`` (query rows a step: 64, or 128 at
+    D = 64 - FA3's D = 64 tile, each consumer's dQ its own 64 queries over all 128 keys; the default at D = 64, +2-8%
+    on an H200, unless ``kv_registers`` or ``dq_split`` is asked for, or ``deterministic`` with ``dq_writer``, which
+    need 64), ``split_scores`` (D = 256 only, the default there: each consumer computes Sᵀ and dPᵀ of half the
+    step's queries and hands its Pᵀ and dSᵀ to the other through shared memory; False: both compute all of them,
+    9-22% slower on an H200 - a benchmark switch). ``launch(stream)``
     runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
     rebindable = False
@@ -143,7 +149,7 @@ class AttentionBackward(Plan):
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
                  dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
-                 dq_writer=None, dv_first=True, persistent=True, queries=64):
+                 dq_writer=None, dv_first=True, persistent=None, queries=None, split_scores=None):
         op = "AttentionBackward"
         if layout not in LAYOUTS:
             raise TensorMapError(f"{op}: layout must be 'bhsd' (batch, heads, seq, head_dim) or 'bshd' (batch, seq, "
@@ -202,6 +208,11 @@ class AttentionBackward(Plan):
                                  f"it; the forward's 'exact' mode has no backward yet), got {scale!r}")
         self.scale = scale
         self.kv_stages = int_option(op, "kv_stages", kv_stages, 1, 2)
+        # D = 64: 128 queries a step by default (+2% at S = 1024, +5..8% at S >= 4096 against 64 on an H200, same
+        # run, 2026-11-28), unless an option that needs 64 is asked for
+        if queries is None:
+            queries = 128 if (d == 64 and kv_registers is not True and dq_split is None
+                              and not (deterministic is True and dq_writer is True)) else 64
         self.queries = choice_option(op, "queries", queries, (64, 128))
         if self.queries == 128 and dq_split is not None:
             raise TensorMapError(f"{op}: dq_split={dq_split!r} is not a choice with queries=128: each consumer adds "
@@ -215,7 +226,15 @@ class AttentionBackward(Plan):
         self.dq_writer = (d != 64 and self.dq_reduce == "tma" if dq_writer is None
                           else bool_option(op, "dq_writer", dq_writer))
         self.dv_first = bool_option(op, "dv_first", dv_first)
+        # a CTA per item by default at D = 256 causal only (+3..7% at S >= 4096 on an H200; elsewhere the persistent
+        # grid is 0..6% faster: same run, 2026-11-28)
+        if persistent is None:
+            persistent = not (d == 256 and self.causal and deterministic is not True)
         self.persistent = bool_option(op, "persistent", persistent)
+        self.split_scores = d == 256 if split_scores is None else bool_option(op, "split_scores", split_scores)
+        if self.split_scores and d != 256:
+            raise TensorMapError(f"{op}: split_scores=True shares Sᵀ and dPᵀ of a step between the consumers at head "
+                                 f"dim 256 (at 64 and 128 each consumer has keys of its own), got head dim {d}")
         if self.dq_writer and self.dq_reduce != "tma":
             raise TensorMapError(f"{op}: dq_writer=True hands dq's TMA reduce-adds to a store warp; "
                                  f"dq_reduce={self.dq_reduce!r} has none")
@@ -291,6 +310,8 @@ class AttentionBackward(Plan):
         self.turns = _scratch(q, (bq, hq, padded // BQ), np.int32)  # (deterministic: dQ's adds per query block)
         self.stats_map = TensorMap(self.stats, (1, 1, 2, self.queries))
         self.dq_map = TensorMap(self.dqacc, (1, 1, BQ, 32), swizzle=Swizzle.B128)  # (reduce-adds of dQ tiles)
+        # (the layout of split_scores' 64 x 32 Pᵀ and dSᵀ halves in shared memory: only its type is used)
+        self.half_map = TensorMap(layout_view(hm["q"], q), (1, 1, BQ, CHUNK // 2), swizzle=Swizzle.B64)
         # (numba arrays over torch's tensors: a tensor handed to the launch itself goes through DLPack, which
         # synchronizes with torch's stream - refused while a CUDA graph is being captured)
         stats_view, dqacc_view, turns_view = (_numba_scratch(x) for x in (self.stats, self.dqacc, self.turns))
@@ -306,7 +327,8 @@ class AttentionBackward(Plan):
         self.block = 3 * WARPGROUP
         self.shared_mem = shared_bytes(d, self.stages, self.kv_stages, self.queries)
         self._grid = None
-        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, dqacc_view,
+        self._args = (self.q_map, self.k_map, self.v_map, self.do_map, self.stats_map, self.dq_map, self.half_map,
+                      dqacc_view,
                       turns_view, self.dk_view, self.dv_view, bq, hk, hq // hk, sq, sk,
                       np.float32(scale * 1.4426950408889634),
                       np.float32(scale))
@@ -315,7 +337,7 @@ class AttentionBackward(Plan):
         self.kernel = _backward_kernel(self.q_map.numba_type.dtype, d, self.causal, kind, self.stages,
                                        self.dq_reduce, self.dq_buffers, self.dq_split, self.deterministic,
                                        self.pingpong, self.kv_stages, self.kv_registers, self.dq_writer,
-                                       self.dv_first, self.queries)
+                                       self.dv_first, self.queries, self.split_scores)
 
     args = property(lambda self: self._args)
 

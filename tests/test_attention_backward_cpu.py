@@ -90,6 +90,8 @@ def arrays(b=2, hq=4, hk=2, sq=1000, sk=1000, d=64, layout="bhsd", dtype=np.floa
                                                                      "implemented with dq_writer=True"),
     (dict(), dict(queries=128, dq_split="keys"), "dq_split='keys' is not a choice with queries=128"),
     (dict(), dict(persistent=False, deterministic=True), "deterministic=True needs persistent=True"),
+    (dict(d=128), dict(split_scores=True), "split_scores=True shares .* at head dim 256 .*got head dim 128"),
+    (dict(d=256), dict(split_scores="yes"), "split_scores must be True or False, got 'yes'"),
 ])
 def test_bad_arguments(change, options, message):
     with pytest.raises(TensorMapError, match="AttentionBackward: " + message):
@@ -109,11 +111,11 @@ def test_other_head_dims_and_uneven_groups_are_refused():
 
 
 def test_the_kernel_compiles_without_local_memory():
-    """D = 64 (K and V in registers: kv_registers): the products back to back, Sᵀ and dPᵀ (the first eight) with
-    register A fragments - eight LDSM.x4 (ldmatrix) per item - as dV (issued before the dSᵀ barrier: dv_first) and
-    dK, dQ's A (dSᵀ) from shared memory between them."""
-    plan = AttentionBackward(*arrays(d=64), causal=False)
-    assert plan.kv_registers and not AttentionBackward(*arrays(d=128)).kv_registers
+    """D = 64 with 64 queries a step and K and V in registers (kv_registers): the products back to back, Sᵀ and
+    dPᵀ (the first eight) with register A fragments - eight LDSM.x4 (ldmatrix) per item - as dV (issued before the
+    dSᵀ barrier: dv_first) and dK, dQ's A (dSᵀ) from shared memory between them."""
+    plan = AttentionBackward(*arrays(d=64), causal=False, kv_registers=True)
+    assert plan.queries == 64 and not AttentionBackward(*arrays(d=128)).kv_registers
     text = main_sass(plan)
     ops = wgmma_ops(text)
     assert ops.count("HGMMA.64x64x16.F32") == 20  # Sᵀ, dPᵀ: 4 k-steps each; dV, dK: 4 each; dQ: 4
@@ -125,20 +127,25 @@ def test_the_kernel_compiles_without_local_memory():
     assert text.count("USETMAXREG") == 2 and "UTMAREDG.4D.ADD" in text and "UTMALDG" in text  # (dQ: TMA reduce-add)
 
 
-@pytest.mark.parametrize("d, spills", [(128, 20), (256, 90)])
+@pytest.mark.parametrize("d, spills", [(128, 20), (256, 82)])
 def test_local_memory_at_head_dims_128_and_256_stays_within_its_pin(d, spills):
     """D = 128 and 256 spill at 240 registers (not yet removed, issue 26): pinned at the count measured on
-    2026-11-28 (20 and 90; 42 and 113 before dK and dV left the per-step fence and wait - ptxas moved them between
-    registers every step - and dQ's reduce-adds moved to the store warp; 58 and 118 before the 32-bit descriptor and
-    index arithmetic). At D = 128 18 of the 20 are the producer's loads (24 registers), 2 the consumers'. A change
-    that adds spills - as a constant flag in an inlined helper once doubled them - fails here, and wgmma stays
-    unserialized (one wait per commit group, not per instruction)."""
+    2026-11-28 (20 and 82 - 90 at D = 256 before split_scores; 42 and 113 before dK and dV left the per-step fence
+    and wait - ptxas moved them between registers every step - and dQ's reduce-adds moved to the store warp; 58 and
+    118 before the 32-bit descriptor and index arithmetic). At D = 128 18 of the 20 are the producer's loads (24
+    registers), 2 the consumers'. A change that adds spills - as a constant flag in an inlined helper once doubled
+    them - fails here, and wgmma stays unserialized (one wait per commit group, not per instruction). D = 256
+    (split_scores): Sᵀ and dPᵀ m64n32 (16 k-steps each), dV and dK 2 k-steps from registers and 2 from the other
+    consumer's shared halves each, dQ two chunks of 4."""
     plan = AttentionBackward(*arrays(d=d), causal=False)
     text = main_sass(plan)
     local = text.count("STL") + text.count("LDL")
     assert local <= spills, f"{local} local-memory instructions at D = {d} (pinned at {spills})"
     ops = wgmma_ops(text)
     assert ops.count("WARPGROUP.DEPBAR.LE") <= 8, "wgmma serialized"
+    if d == 256:
+        assert plan.split_scores
+        assert [ops.count(f"HGMMA.64x{n}x16.F32") for n in (32, 64, 128)] == [32, 8, 8], ops
 
 
 def test_row_kernels_move_8_byte_words_where_every_row_allows():
@@ -155,22 +162,31 @@ def test_row_kernels_move_8_byte_words_where_every_row_allows():
 
 
 def test_default_schedule_per_head_dim():
-    """Q/dO stages, staged dQ buffers, dQ's split and who issues its reduce-adds, by head dim: D = 64 three stages,
-    each consumer adding dQ over its own keys and issuing its own reduce-adds from two rotating buffers; D = 128
+    """Q/dO stages, staged dQ buffers, dQ's split and who issues its reduce-adds, by head dim: D = 64 128 queries a
+    step, two stages, each consumer adding the dQ of its own 64 queries and issuing its own reduce-adds from two
+    rotating buffers; D = 128
     three stages, the consumers splitting dQ's columns, one buffer each for the store warp (``dq_writer``; without
     it two stages and two buffers - a third stage would cost the second); D = 256 one stage, the consumers splitting
     the head dim, two buffers each (its two chunks) for the store warp. dV first everywhere."""
-    got = {d: (p.stages, p.dq_buffers, p.dq_split, p.dq_writer, p.dv_first) for d in (64, 128, 256)
+    got = {d: (p.stages, p.dq_buffers, p.dq_split, p.dq_writer, p.dv_first, p.queries) for d in (64, 128, 256)
            for p in [AttentionBackward(*arrays(d=d))]}
-    assert got == {64: (3, 2, "keys", False, True), 128: (3, 1, "cols", True, True),
-                   256: (1, 2, "halves", True, True)}
+    assert got == {64: (2, 2, "keys", False, True, 128), 128: (3, 1, "cols", True, True, 64),
+                   256: (1, 2, "halves", True, True, 64)}
+    # 64 queries a step where an option needs them (kv_registers, dq_split, deterministic with the store warp): D = 64
+    # three stages then; a CTA per item only at D = 256 causal (not deterministic); split scores at D = 256
+    assert [(p.queries, p.stages) for p in (AttentionBackward(*arrays(d=64), **o) for o in (
+        dict(kv_registers=True), dict(dq_split="keys"), dict(deterministic=True, dq_writer=True)))] == [(64, 3)] * 3
+    assert [AttentionBackward(*arrays(d=d), causal=c, deterministic=det).persistent
+            for d, c, det in ((256, True, False), (256, True, True), (256, False, False), (128, True, False))] == [
+        False, True, True, True]
+    assert [AttentionBackward(*arrays(d=d)).split_scores for d in (64, 128, 256)] == [False, False, True]
     assert [(p.stages, p.dq_buffers) for p in (AttentionBackward(*arrays(d=128), dq_writer=False, **o)
                                                 for o in ({}, {"stages": 3}))] == [(2, 2), (3, 1)]
     assert not AttentionBackward(*arrays(d=128), dq_reduce="atomic").dq_writer  # (no reduce-adds to hand over)
-    # two K/V stages: D = 64 keeps three Q/dO stages and two dQ buffers, D = 128 is left one Q/dO stage (and the
-    # store warp's one buffer)
-    assert [(p.stages, p.dq_buffers) for p in (AttentionBackward(*arrays(d=d), kv_stages=2) for d in (64, 128))] == [
-        (3, 2), (1, 1)]
+    # two K/V stages: D = 64 keeps three Q/dO stages and two dQ buffers with 64 queries a step (two stages and one
+    # buffer with 128), D = 128 is left one Q/dO stage (and the store warp's one buffer)
+    assert [(p.stages, p.dq_buffers) for p in (AttentionBackward(*arrays(d=d), kv_stages=2, **o) for d, o in (
+        (64, dict(queries=64)), (64, {}), (128, {})))] == [(3, 2), (2, 1), (1, 1)]
 
 
 def test_head_dim_256_takes_one_stage_by_default():
@@ -187,10 +203,12 @@ def test_the_deterministic_variant_compiles_without_serializing():
     one wait per commit group (Sᵀ, dPᵀ, dV, dQ, dK) and one at the item's end, not one per instruction (20).
     (D = 64 here, the quickest build; the GPU tests run all three head dims.)"""
     plan = AttentionBackward(*arrays(d=64), deterministic=True)
+    assert plan.queries == 128  # (the default tile at D = 64)
     text = main_sass(plan)
     assert "UTMAREDG.4D.ADD" in text and "ATOMG.E.ADD" in text or "ATOM.E.ADD" in text
     ops = wgmma_ops(text)
-    assert ops.count("HGMMA.64x64x16.F32") == 20 and ops.count("WARPGROUP.DEPBAR.LE") <= 6, "wgmma serialized"
+    assert ops.count("HGMMA.64x128x16.F32") == 8 and ops.count("HGMMA.64x64x16.F32") == 24, ops
+    assert ops.count("WARPGROUP.DEPBAR.LE") <= 6, "wgmma serialized"
 
 
 def test_the_atomic_dq_variant_compiles():
@@ -204,9 +222,10 @@ def test_128_queries_a_step_at_head_dim_64():
     """``queries=128`` (FA3's D = 64 tile): Sᵀ and dPᵀ as m64n128 products (four k-steps each), dV and dK over 128
     queries (eight k-steps each, P and dS from registers), each consumer's dQ of its own 64 queries over both key
     halves (two products of four k-steps); K and V from shared memory (no registers left for them), two stages;
-    one wait per commit group; local memory pinned (measured 2026-11-28: 32, 5 of them in the loop)."""
-    plan = AttentionBackward(*arrays(d=64), queries=128)
-    assert (plan.stages, plan.kv_registers, plan.dq_writer) == (2, False, False)
+    one wait per commit group; local memory pinned (measured 2026-11-28: 32, 5 of them in the loop). The default at
+    D = 64."""
+    plan = AttentionBackward(*arrays(d=64))
+    assert (plan.queries, plan.stages, plan.kv_registers, plan.dq_writer) == (128, 2, False, False)
     text = main_sass(plan)
     ops = wgmma_ops(text)
     assert ops.count("HGMMA.64x128x16.F32") == 8 and ops.count("HGMMA.64x64x16.F32") == 24, ops

@@ -179,6 +179,15 @@ def test_dq_store_warp_and_dv_first(d, causal, options):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_score_in_both_consumers_at_head_dim_256(causal):
+    """split_scores=False at D = 256 (both consumers compute Sᵀ and dPᵀ of all the step's queries, each keeping its
+    own dSᵀ copy - the fifth version's schedule, a benchmark switch): GQA, ragged ends, Sq != Sk both ways, with the
+    persistent grid and a CTA per item."""
+    run_case(1, 4, 2, 1000, 700, 256, causal, split_scores=False)
+    run_case(2, 2, 2, 17, 1500, 256, causal, split_scores=False, persistent=not causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_128_queries_a_step_at_head_dim_64(causal, dtype):
     """queries=128 (FA3's D = 64 tile: 128 queries a step, each consumer's dQ its own 64 queries over all 128 keys):

@@ -28,13 +28,15 @@ def two_sms(monkeypatch):
 
 
 CASES = [  # (batch, q heads, kv heads, sq, sk, head dim, causal, function form or the plan's options)
-    (1, 2, 1, 40, 300, 64, True, False),  # GQA (two query heads per K/V head), causal diagonal, ragged ends; three
-    # items on two CTAs, two of them seen by no query (their K and V read into registers, then released: the warps'
-    # reads ordered before lane 0's release by cuda.syncwarp, or the next item's load races them)
+    (1, 2, 1, 40, 300, 64, True, dict(kv_registers=True)),  # 64 queries a step, K and V in registers: GQA (two
+    # query heads per K/V head), causal diagonal, ragged ends; three items on two CTAs, two of them seen by no query
+    # (their K and V read into registers, then released: the warps' reads ordered before lane 0's release by
+    # cuda.syncwarp, or the next item's load races them)
     (1, 1, 1, 17, 150, 128, False, True),  # two 64-wide chunks of D, one query block (17 rows), two key items
-    (1, 1, 1, 40, 100, 256, True, False),  # D = 256: 64-key items, each consumer half of the head dim; the keys
-    # past every query (causal) get dK = dV = 0 from an item without query blocks
-    (1, 2, 1, 100, 170, 64, True, dict(queries=128)),  # 128 queries a step (FA3's D = 64 tile): the causal diagonal
+    (1, 1, 1, 40, 100, 256, True, False),  # D = 256: 64-key items, each consumer half of the head dim and Sᵀ, dPᵀ
+    # of half the queries (split_scores); the keys past every query (causal) get dK = dV = 0 from an item without
+    # query blocks
+    (1, 2, 1, 100, 170, 64, True, False),  # D = 64's default, 128 queries a step (FA3's tile): the causal diagonal
     # of a 128 x 128 block, a ragged query block, GQA, and an item no query sees (keys 128..169)
 ]
 
@@ -124,7 +126,7 @@ def test_deterministic_mode_counts_dq_turns_by_key_block():
     reference. (Bitwise equality of two
     runs: tests/test_gpu_attention_backward.py.) With kv_stages=2: the second item's K and V load into the second
     stage while the first item runs."""
-    turns, seen = deterministic_turns(2, kv_stages=2)  # (one block takes every item: both K/V stages used)
+    turns, seen = deterministic_turns(2, kv_stages=2, queries=64)  # (one block takes every item: both K/V stages)
     assert (turns == 2 * np.array(seen)[None, None, :]).all(), (turns, seen)
 
 
