@@ -14,8 +14,8 @@ Three kernels, launched in order on one stream:
 1. **Preprocess** (a block per (batch, head) and 32 query rows, as many lanes a row as it has words):
    ``delta_i = sum_d do[i, d] o[i, d]`` (float32) - the row term of the softmax gradient, ``dS = P (dP - delta)`` -
    and the float32 accumulator of ``dq`` zeroed.
-2. **Main** (a persistent grid, 384 threads: :func:`numbatma.intrinsics.warp_specialize` with a producer and two
-   consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
+2. **Main** (a persistent grid - at D = 256 causal a CTA per item -, 384 threads:
+   :func:`numbatma.intrinsics.warp_specialize` with a producer and two consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
    ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
    item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
    dQ (in the registers of D = 128), and computes ``Sᵀ`` and ``dPᵀ`` of the step's queries ``32 w ..`` only
