@@ -15,9 +15,9 @@ Three kernels, launched in order on one stream:
    ``delta_i = sum_d do[i, d] o[i, d]`` (float32) - the row term of the softmax gradient, ``dS = P (dP - delta)`` -
    and the float32 accumulator of ``dq`` zeroed.
 2. **Main** (a persistent grid - at D = 256 causal a CTA per item -, 384 threads:
-   :func:`numbatma.intrinsics.warp_specialize` with a producer and two consumer warpgroups). An item is 128 keys of one (batch, key/value head); consumer ``w`` owns keys
-   ``64 w .. 64 w + 63`` of it and holds their ``dK`` and ``dV`` (64 x D, float32) in registers across the whole
-   item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
+   :func:`numbatma.intrinsics.warp_specialize` with a producer and two consumer warpgroups). An item is 128 keys of
+   one (batch, key/value head); consumer ``w`` owns keys ``64 w .. 64 w + 63`` of it and holds their ``dK`` and
+   ``dV`` (64 x D, float32) in registers across the whole item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
    dQ (in the registers of D = 128), and computes ``Sᵀ`` and ``dPᵀ`` of the step's queries ``32 w ..`` only
    (``split_scores``): its ``Pᵀ`` and ``dSᵀ`` columns go to shared 64 x 32 tiles, from which the other consumer's dV
    and dK take them (+9-22% on an H200 over both consumers computing all of them, 7/5 of the products' work). The
