@@ -472,8 +472,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     if kv_regs:
                         st = wgmma(st, kf, wgmma_desc(q_all, q_map, "K", 0, (0, d)), 0)
                     else:
-                        st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)), wgmma_desc(q_all, q_map, "K", q0, (0, d)),
-                                   0)
+                        st = wgmma(st, wgmma_desc(k_w, k_map, "K", 0, (0, d)),
+                                   wgmma_desc(q_all, q_map, "K", q0, (0, d)), 0)
                     wgmma_commit_group()
                     dpt = wgmma_fence(wgmma_zeros(SN))
                     if kv_regs:

@@ -17,8 +17,8 @@ Three kernels, launched in order on one stream:
 2. **Main** (a persistent grid - at D = 256 causal a CTA per item -, 384 threads:
    :func:`numbatma.intrinsics.warp_specialize` with a producer and two consumer warpgroups). An item is 128 keys of
    one (batch, key/value head); consumer ``w`` owns keys ``64 w .. 64 w + 63`` of it and holds their ``dK`` and
-   ``dV`` (64 x D, float32) in registers across the whole item. At D = 256 an item is 64 keys and consumer ``w`` owns head-dim columns ``128 w ..`` of their dK, dV and of
-   dQ (in the registers of D = 128), and computes ``Sᵀ`` and ``dPᵀ`` of the step's queries ``32 w ..`` only
+   ``dV`` (64 x D, float32) in registers across the whole item. At D = 256 an item is 64 keys and consumer ``w``
+   owns head-dim columns ``128 w ..`` of their dK, dV and of dQ (in the registers of D = 128), and computes ``Sᵀ`` and ``dPᵀ`` of the step's queries ``32 w ..`` only
    (``split_scores``): its ``Pᵀ`` and ``dSᵀ`` columns go to shared 64 x 32 tiles, from which the other consumer's dV
    and dK take them (+9-22% on an H200 over both consumers computing all of them, 7/5 of the products' work). The
    producer TMA-loads the item's K and V once, then Q and dO of every 64-row query block that sees the keys
@@ -134,8 +134,8 @@ class AttentionBackward(Plan):
     product), ``dq_writer`` (default at D = 128 and 256: warp 1 of the producer warpgroup issues dQ's reduce-adds, the
     consumers hand it their staged chunks through named barriers - ``numbatma.intrinsics.store_warp``; False: each
     consumer's thread 0 issues its own after a warpgroup barrier, 1-4% faster at D = 64), ``dv_first`` (default
-    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK), ``persistent`` (default True: a CTA per SM
-    taking items round by round; False: a CTA per item, as FA4's grid - the default at D = 256 causal, +3-7% there on
+    True: ``dV += Pᵀ dO`` issued before the dSᵀ barrier, FA4's order; False: after it, with dK), ``persistent``
+    (default True: a CTA per SM taking items round by round; False: a CTA per item, as FA4's grid - the default at D = 256 causal, +3-7% there on
     an H200, 0-6% slower elsewhere; refused with ``deterministic``), ``queries`` (query rows a step: 64, or 128 at
     D = 64 - FA3's D = 64 tile, each consumer's dQ its own 64 queries over all 128 keys; the default at D = 64, +2-8%
     on an H200, unless ``kv_registers`` or ``dq_split`` is asked for, or ``deterministic`` with ``dq_writer``, which

@@ -162,15 +162,19 @@ def test_atomic_dq_and_one_stage(d):
 
 
 @pytest.mark.parametrize("options", [dict(dq_writer=True), dict(dv_first=False), dict(dq_writer=False, dv_first=False),
-                                     dict(persistent=False)],
-                         ids=["store-warp", "dv-after", "neither", "one-cta-an-item"])
+                                     dict(persistent=None)],
+                         ids=["store-warp", "dv-after", "neither", "the-other-grid"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_dq_store_warp_and_dv_first(d, causal, options):
     """The schedules besides each head dim's default: dq_writer (the consumers hand dQ's staged chunks to warp 1 of
     the producer warpgroup, which reduce-adds them: named-barrier hand-offs, one staging buffer per chunk) on and off,
-    dv_first (dV's product issued before the dSᵀ barrier) off, persistent=False (a CTA per item). GQA, ragged ends, Sq != Sk both ways, several items and query blocks per CTA; at D = 128 also with
+    dv_first (dV's product issued before the dSᵀ barrier) off, persistent=False (a CTA per item; at D = 256 causal
+    the default, where the case is the persistent grid's). GQA, ragged ends, Sq != Sk both ways, several items and
+    query blocks per CTA; at D = 128 also with
     dq_split="keys" (two chunks a step) and two stages."""
+    if "persistent" in options:  # (the grid the head dim does not take by default)
+        options = dict(persistent=d == 256 and causal)
     run_case(1, 4, 2, 1000, 700, d, causal, **options)
     run_case(2, 2, 2, 17, 1500, d, causal, **options)
     if d == 128:
