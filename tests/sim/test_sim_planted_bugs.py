@@ -33,7 +33,7 @@ from numbatma.intrinsics import (
 )
 from numbatma.intrinsics._sim import SimulatedHang, SimulatedMisuse, SimulatedTypingError
 
-RUNS = 20
+RUNS = 10
 R, C = 4, 16  # a 4x16 float32 tile: 256 bytes
 T = 32  # threads per block
 HERE = r"test_sim_planted_bugs\.py:\d+"
