@@ -420,11 +420,9 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         (smem, stats, dq_stage, mailbox, kvpipe, qpipe, q_map, k_map, v_map, do_map, stats_map, dq_map, h_map, dqacc,
          turns, dk, dv, batch, hk, group, sq, sk, c, scale) = args
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb, QW)
-        # w made again here and broadcast from lane 0 (not with pingpong, as in the forward): ptxas then knows it is
-        # warp-uniform and keeps what depends on it - the descriptors above all - in uniform registers (the loop:
-        # D = 256 738 -> 519 SASS instructions, no R2UR left; D = 128 708 -> 607; D = 64 1067 -> 979)
-        if not take_turns:
-            w = cuda.shfl_sync(0xFFFFFFFF, cuda.threadIdx.x // WARPGROUP, 0) - 1
+        # (w as warp_specialize passes it. Made again and broadcast from lane 0, as the forward does, ptxas keeps the
+        # descriptors in uniform registers - the step's loop 15-30% fewer SASS instructions, no R2UR - but it ran
+        # 3-5% slower at D = 128 and 1-5% at D = 256 on an H200, same run, 2026-11-28: not done)
         tw = cuda.threadIdx.x - (w + 1) * WARPGROUP
         lane = cuda.threadIdx.x % 32
         row_in_wg = 16 * (tw // 32) + lane // 4  # the thread's first row of a 64-row accumulator (the second: + 8)
