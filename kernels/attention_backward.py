@@ -60,7 +60,7 @@ turn counter per query block, each add counted at the issuing thread's next one;
 bitwise reproducible.
 
 Not yet here (issue 26): the overlap of one consumer's softmax with the other's products (the dSᵀ barrier keeps them
-in step), |scale| > 1 (the forward's "exact" softmax mode); FlashAttention-4's SM90 backward is 12-23% ahead at
+in step), |scale| > 1 (the forward's "exact" softmax mode); FlashAttention-4's SM90 backward is 14-23% ahead at
 D = 64 and 128 on an H200, level at D = 256 (docs/attention.md: what it does differently - dQ's accumulator in
 fragment order with 1-D bulk reduce-adds, 80 queries a step at D = 128 without a mask, fewer instructions a step).
 """
