@@ -144,6 +144,10 @@ class Plan(metaclass=_PlanType):
     #: the value to store (checked, converted) or raises; None takes any value. Every other public attribute is
     #: fixed once the plan is built (the kernel was made for it): assigning it raises AttributeError.
     settable = {}
+    #: Attributes holding plans this plan launches itself (built from views of its arrays, e.g. the backward's row
+    #: kernels): a re-point re-makes their views with the plan's (the walk reaches them) and tells them so, so that
+    #: their next launch patches the new addresses into their prepared launches.
+    subplans = ()
 
     @property
     def cacheable(self):
@@ -267,9 +271,10 @@ class Plan(metaclass=_PlanType):
 
     def owned_output(self, make):
         """An output array this plan allocates itself, ``make()`` (e.g. ``lambda: cuda.device_array(shape,
-        dtype)``), and returns from :meth:`launch`; returns it. The plan remembers ``make``: on a cache hit
-        :func:`run` calls :meth:`fresh_outputs`, which makes each such array again, so no two calls of a function
-        form share one."""
+        dtype)``), and returns from :meth:`launch` - or a work array its launch uses (AttentionBackward's float32
+        statistics and accumulator); returns it. The plan remembers ``make``: on a cache hit :func:`run` calls
+        :meth:`fresh_outputs`, which makes each such array again, so no two calls of a function form share one (nor,
+        for a work array, race on it from two streams)."""
         array = make()
         self.__dict__["_owned"] = self._owned + ((array, make, layout_facts(array)),)
         self.__dict__["_rebind_map"] = None
@@ -431,6 +436,10 @@ class Plan(metaclass=_PlanType):
             if not state["_stale"]:
                 state["_stale"] = _MOVED
             state["_torch_device"] = _UNSET
+            for name in type(self).subplans:  # (their views were re-made by the walk: their launches patch them in)
+                sub = state[name].__dict__
+                if not sub["_stale"]:
+                    sub["_stale"] = _MOVED
         return self
 
     def on_device(self):

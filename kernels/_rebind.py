@@ -148,7 +148,7 @@ def rebind_map(plan, arguments, facts, skip=()):
     for i, a in enumerate(arguments):
         if facts[i] is not None:
             by_id.setdefault(id(a), []).append(i)
-    walk = _Walk(extents, by_id)
+    walk = _Walk(extents, by_id, skip)
     walk.seen[id(plan)] = None  # (a helper referring back to the plan: not walked twice)
     tree = walk.node_of_object(plan, skip)
     offsets = [None if e is None else (e[0] - f[0], e[1] - f[0]) for e, f in zip(extents, facts)]
@@ -156,9 +156,11 @@ def rebind_map(plan, arguments, facts, skip=()):
 
 
 class _Walk:
-    def __init__(self, extents, by_id):
+    def __init__(self, extents, by_id, skip=()):
         self.extents = extents
         self.by_id = by_id
+        self.skip = skip  # (left out of every object: a sub-plan's bookkeeping - its prepared launch's record of
+        # the arguments it was prepared with must stay as it was, so that its next launch sees what moved)
         self.seen = {}  # id(object) -> its node (an object reached twice is recorded at both places if remade)
         self.keep = []  # (the objects whose ids are in seen stay alive during the walk)
 
@@ -199,7 +201,7 @@ class _Walk:
                 return None
             return _leaf("array", self.holders(ptr))
         if type(value).__module__.startswith("numbatma.kernels") and hasattr(value, "__dict__"):
-            return self.node_of_object(value)
+            return self.node_of_object(value, self.skip)
         return None
 
     def node_of_object(self, obj, skip=()):

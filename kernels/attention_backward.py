@@ -91,22 +91,18 @@ MAX_QUERY_ROWS = 65535 * 32  # (the preprocess's grid: 32-row blocks along y)
 DQ_REDUCES = ("tma", "atomic")  # dq's additions: TMA reduce-adds of staged tiles (default), or one atomic an element
 
 # -- the plans -----------------------------------------------------------------------------------------------------
-def _scratch(q, shape, dtype=np.float32):
-    """A float32 work array of the plan (delta, dq's accumulator): a torch tensor on q's device when q is one (torch's
-    caching allocator, ordered on its streams), else a numba device array."""
+def _scratch_maker(q):
+    """``make(shape, dtype=float32)``: a new work array of the plan (the rows' statistics, dq's accumulator, the turn
+    counters) on q's device - a torch tensor when q is one (torch's caching allocator, ordered on its current
+    stream), else a numba device array. It holds q's device, not q (a cached plan keeps its makers: they must not
+    keep its first call's q alive)."""
     if type(q).__module__.split(".")[0] == "torch":
         import torch
 
-        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=q.device)
-    return cuda.device_array(shape, dtype)
-
-
-def _numba_scratch(x):
-    """A work array of :func:`_scratch` as a kernel argument: torch's tensor as a C-contiguous numba array over the
-    same memory (no stream synchronization when launched; C layout: plain indexing, ``red`` atomics)."""
-    if type(x).__module__.split(".")[0] == "torch":
-        return cuda.from_cuda_array_interface(x.__cuda_array_interface__, owner=x, sync=False)
-    return x
+        device = q.device
+        return lambda shape, dtype=np.float32: torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
+                                                           device=device)
+    return lambda shape, dtype=np.float32: cuda.device_array(shape, dtype)
 
 
 def _heads_major(lay, layout):
@@ -144,8 +140,8 @@ class AttentionBackward(Plan):
     9-22% slower on an H200 - a benchmark switch). ``launch(stream)``
     runs the three kernels in order on the stream and returns ``(dq, dk, dv)``."""
 
-    rebindable = False
     writes = ("dq", "dk", "dv")
+    subplans = ("prep", "post")  # (the row kernels' plans: re-pointed with this one)
 
     def __init__(self, q, k, v, o, do, lse, dq, dk, dv, *, causal=False, scale=None, layout="bhsd", stages=None,
                  dq_reduce="tma", dq_split=None, deterministic=False, pingpong=False, kv_stages=1, kv_registers=None,
@@ -305,16 +301,22 @@ class AttentionBackward(Plan):
         if padded > MAX_QUERY_ROWS:
             raise TensorMapError(f"{op}: q has {sq} query rows (q is {lays['q'].shape}); the row kernels take at most "
                                  f"{MAX_QUERY_ROWS} (a grid dimension of 32-row blocks)")
-        self.stats = _scratch(q, (bq, hq, 2, padded))  # lse · log2 e and delta per query row, padded
-        self.dqacc = _scratch(q, (bq, hq, sq, d))
-        self.turns = _scratch(q, (bq, hq, padded // BQ), np.int32)  # (deterministic: dQ's adds per query block)
+        # Work arrays, made again for every call of a cached plan (Plan.owned_output: the function form's plan cache
+        # gives each call fresh ones, so that calls on different streams never share one; the row statistics
+        # kernel initializes all three every launch)
+        make = _scratch_maker(q)
+        self.stats = self.owned_output(lambda: make((bq, hq, 2, padded)))  # lse · log2 e and delta per row, padded
+        self.dqacc = self.owned_output(lambda: make((bq, hq, sq, d)))
+        self.turns = self.owned_output(lambda: make((bq, hq, padded // BQ), np.int32))  # (deterministic: dQ's adds
+        # per query block)
         self.stats_map = TensorMap(self.stats, (1, 1, 2, self.queries))
         self.dq_map = TensorMap(self.dqacc, (1, 1, BQ, 32), swizzle=Swizzle.B128)  # (reduce-adds of dQ tiles)
         # (the layout of split_scores' 64 x 32 Pᵀ and dSᵀ halves in shared memory: only its type is used)
         self.half_map = TensorMap(layout_view(hm["q"], q), (1, 1, BQ, CHUNK // 2), swizzle=Swizzle.B64)
-        # (numba arrays over torch's tensors: a tensor handed to the launch itself goes through DLPack, which
-        # synchronizes with torch's stream - refused while a CUDA graph is being captured)
-        stats_view, dqacc_view, turns_view = (_numba_scratch(x) for x in (self.stats, self.dqacc, self.turns))
+        # (views, not the arrays: a torch tensor handed to the launch itself goes through DLPack, which synchronizes
+        # with torch's stream - refused while a CUDA graph is being captured; and a re-point re-makes views)
+        stats_view, dqacc_view, turns_view = (kernel_view(array_layout(x), x)
+                                              for x in (self.stats, self.dqacc, self.turns))
         # (the row kernels move 8-byte words where every row allows it, else 4-byte ones)
         acc2 = kernel_view(word_layout(array_layout(self.dqacc), True), self.dqacc)  # (pairs of float32)
         wide_in = aligned(hm["o"], 8) and aligned(hm["do"], 8)

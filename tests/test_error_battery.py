@@ -332,8 +332,8 @@ def _no_gpu_scratch(monkeypatch):
     import itertools
 
     ptrs = itertools.count(1)
-    monkeypatch.setattr(importlib.import_module("numbatma.kernels.attention_backward"), "_scratch",
-                        lambda q, shape, dtype=np.float32: F(shape, dtype, ptr=next(ptrs) << 44))
+    monkeypatch.setattr(importlib.import_module("numbatma.kernels.attention_backward"), "_scratch_maker", lambda q: (
+        lambda shape, dtype=np.float32: F(shape, dtype, ptr=next(ptrs) << 44)))
 
 
 @pytest.mark.parametrize("case", list(HOST), ids=list(HOST))

@@ -100,6 +100,37 @@ def test_bshd_float16_and_a_scale(d, causal):
     run_case(1, 2, 1, 200, 130, d, causal, scale=-0.7, function=True)
 
 
+def test_function_form_reuses_its_plan_with_fresh_work_arrays_on_two_streams():
+    """attention_backward with new tensors of one layout, on two streams at once: the cached plan is re-pointed
+    (plan_cache_info's hits) and each call gets work arrays of its own (Plan.owned_output, on its stream), so the
+    two calls - neither waiting for the other - both give the reference's gradients (outputs NaN-poisoned)."""
+    from numbatma.kernels import clear_plan_cache, plan_cache_info
+
+    clear_plan_cache()
+    torch.manual_seed(5)
+    b, h, s, d = 2, 4, 700, 64
+    sets = []
+    for _ in range(3):
+        q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o = torch.empty_like(q)
+        lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+        Attention(q, k, v, o, lse, causal=True).launch()
+        sets.append((q, k, v, o, do, lse) + tuple(torch.full_like(x, float("nan")) for x in (q, k, v)))
+    attention_backward(*sets[0], causal=True)  # (the plan built and cached)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    for stream, args in zip(streams, sets[1:]):
+        with torch.cuda.stream(stream):
+            attention_backward(*args, causal=True)
+    torch.cuda.synchronize()
+    assert plan_cache_info()["hits"] >= 1
+    for q, k, v, o, do, lse, dq, dk, dv in sets:
+        for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), reference(q, k, v, do, True, 1 / math.sqrt(d))):
+            err = (got.float() - ref).abs().max().item()
+            assert err <= (4 * ULP["bfloat16"] + 1e-3) * ref.abs().max().item(), f"{name}: max error {err:.3g}"
+
+
 def test_default_scale_is_one_over_sqrt_d():
     run_case(1, 2, 2, 128, 128, 64, False, scale=1 / math.sqrt(64))
 

@@ -116,3 +116,37 @@ def test_attention_without_lse_is_cached_and_returns_a_new_lse_each_call():
         np.testing.assert_allclose(got_lse.copy_to_host(), ref_lse, rtol=1e-4, atol=1e-4)
         results.append(got_lse)
     assert results[0] is not results[1] and hits_and_misses() == (1, 1)
+
+
+def test_attention_backward_is_cached_and_each_call_gets_fresh_work_arrays():
+    """attention_backward's plan cached (its row kernels' plans re-pointed with it) and its work arrays (the rows'
+    statistics, dq's float32 accumulator, the turn counters: Plan.owned_output) made again each call, so that two
+    calls never share them: new arrays of the same layout each call, dq, dk, dv poisoned - a row kernel still
+    pointing at the first call's o or dq would leave NaN or wrong gradients behind."""
+    from attention_reference import attention_backward_reference, attention_reference
+
+    from numbatma.kernels import attention_backward
+
+    rng = np.random.default_rng()
+    shape, scale = (1, 1, 40, 64), 1 / 8
+    work = []
+    for i in range(2):
+        q, k, v, do = (aligned(shape, np.float16, fill=rng.standard_normal(shape)) for _ in range(4))
+        o_ref, lse_ref = attention_reference(q, k, v, True, scale)
+        o = aligned(shape, np.float16, fill=o_ref)
+        lse = aligned(shape[:3], np.float32, fill=lse_ref)
+        dq, dk, dv = (aligned(shape, np.float16, fill=np.nan) for _ in range(3))
+        got = attention_backward(q, k, v, o, do, lse, dq, dk, dv, causal=True)
+        assert got[0] is dq and got[1] is dk and got[2] is dv
+        for name, x, want in zip(("dq", "dk", "dv"), got, attention_backward_reference(q, k, v, do, True, scale)):
+            err = np.abs(x.astype(np.float64) - want).max()
+            assert err <= 4e-3 * np.abs(want).max(), f"call {i}, {name}: max error {err:.3g}"
+        work.append(_last_backward_plan().owned_outputs)
+    assert hits_and_misses() == (1, 1)
+    assert not any(a is b for a in work[0] for b in work[1]), "two calls shared a work array"
+
+
+def _last_backward_plan():
+    from numbatma.kernels import AttentionBackward, _plan_cache
+
+    return _plan_cache._hot[AttentionBackward].plan
