@@ -14,7 +14,7 @@ from numba.cuda.typing.typeof import typeof
 from numba.np.numpy_support import from_dtype
 
 from fakes import FakeCudaArray
-from numbatma import DeviceView, TensorMapError
+from numbatma import DeviceView, TensorMapError, array_layout
 from numbatma._descriptor_base import bits_dtype
 from numbatma.compile import compile_cubin, sass
 from numbatma.kernels import AttentionBackward
@@ -246,3 +246,30 @@ def test_128_queries_a_step_at_head_dim_64():
     assert ops.count("HGMMA.64x128x16.F32") == 8 and ops.count("HGMMA.64x64x16.F32") == 24, ops
     assert ops.count("WARPGROUP.DEPBAR.LE") <= 6, "wgmma serialized"
     assert text.count("STL") + text.count("LDL") <= 32
+
+
+def test_a_re_point_moves_the_row_kernels_views_too_and_fresh_work_arrays_follow():
+    """The function form caches the plan (``Plan.rebind`` / ``fresh_outputs``): every descriptor and view over an
+    argument moves by that argument's shift - the row kernels' plans' views as well, and those plans are told
+    (``Plan.subplans``: their next launch patches the new addresses in); the three work arrays are the plan's own
+    (``owned_output``): a re-point keeps them, ``fresh_outputs`` makes them again and moves what views them."""
+    old = arrays(d=64)
+    new = [FakeCudaArray(array_layout(a).shape, array_layout(a).dtype, ptr=array_layout(a).ptr + (5 << 24))
+           for a in old]
+    plan = AttentionBackward(*old, causal=True)
+    for p in (plan, plan.prep, plan.post):
+        p.__dict__["_stale"] = False  # (as after a launch)
+    work = plan.owned_outputs
+    ptr = lambda x: array_layout(x).ptr  # noqa: E731
+    before = [ptr(a) for a in plan.prep.args[:3]] + [ptr(plan.post.args[1]), plan.q_map._layout.ptr]
+    assert plan.rebind(*new) is plan
+    after = [ptr(a) for a in plan.prep.args[:3]] + [ptr(plan.post.args[1]), plan.q_map._layout.ptr]
+    assert [a - b for a, b in zip(after, before)] == [5 << 24] * 5  # (o, do, lse; dq; q's descriptor)
+    assert plan.prep._stale and plan.post._stale and plan.dq is new[6]
+    assert plan.owned_outputs == work and ptr(plan.prep.args[4]) == ptr(work[1])  # (dq's accumulator: kept)
+    plan.fresh_outputs()
+    assert all(a is not b for a, b in zip(plan.owned_outputs, work))
+    views = (plan.prep.args[3], plan.prep.args[4], plan.post.args[0], plan.args[7], plan.args[8])
+    assert [ptr(v) for v in views] == [ptr(plan.stats), ptr(plan.dqacc), ptr(plan.dqacc), ptr(plan.dqacc),
+                                       ptr(plan.turns)]
+    assert plan.stats_map._layout.ptr == ptr(plan.stats) and plan.dq_map._layout.ptr == ptr(plan.dqacc)
