@@ -293,6 +293,11 @@ HOST = {
     "AttentionBackward queries 128 deterministic store warp": (
         lambda: K.AttentionBackward(*_backward_arrays(), queries=128, deterministic=True, dq_writer=True),
         TensorMapError, "deterministic=True with queries=128 orders the consumers' own reduce-adds"),
+    "AttentionBackward split_scores at 128": (
+        lambda: K.AttentionBackward(*_backward_arrays(d=128), split_scores=True), TensorMapError,
+        "split_scores=True shares .* at head dim 256"),
+    "AttentionBackward split_scores yes": (lambda: K.AttentionBackward(*_backward_arrays(d=256), split_scores="yes"),
+                                           TensorMapError, "split_scores must be True or False, got 'yes'"),
     "store_warp barriers past 15": (lambda: numbatma.intrinsics.store_warp(2, 13), ValueError,
                                     "barrier ids 13..16 within 1..15, got consumers=2, first_barrier=13"),
     "tile_handoff barrier 16": (lambda: numbatma.intrinsics.tile_handoff(2, 16), ValueError,
