@@ -316,31 +316,37 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         items, nkb, nqb, rounds = backward_work(batch, hk, sq, sk, kb, QW)
         if cuda.threadIdx.x < 32:
             if elect_one_sync():
+                # (32-bit from here: with numba's 64-bit loop counters and coordinates the producer warpgroup's 24
+                # registers spilled - 18 local-memory instructions at D = 128, none now)
+                items, nkb, nqb, rounds = int32(items), int32(nkb), int32(nqb), int32(rounds)
+                hk32, group32 = int32(hk), int32(group)
                 for r in range(rounds):
-                    t = persistent_item(r, causal)
+                    t = int32(persistent_item(r, causal))
                     if t >= items:
                         break
-                    b, g, n0 = item_of(t, hk, nkb, kb)
+                    b, g, n0 = item_of(t, hk32, nkb, kb)
+                    b, g, n0 = int32(b), int32(g), int32(n0)
                     kvo = (kvpipe.producer_acquire() % kv_stages) * kv_stage_elems  # (0 with one stage, folded)
                     for ww in range(kb // BQ):  # each consumer's 64 keys as a tile of their own (one at D = 256)
                         for ch in range(chunks):
-                            kvpipe.load(box_at(smem, kvo + ww * kw_elems, ch), k_map, (b, g, n0 + BQ * ww, CHUNK * ch))
-                            kvpipe.load(box_at(smem, kvo + v_base + ww * kw_elems, ch), v_map,
-                                        (b, g, n0 + BQ * ww, CHUNK * ch))
+                            at = (b, g, int32(n0 + BQ * ww), int32(CHUNK * ch))
+                            kvpipe.load(box_at(smem, kvo + ww * kw_elems, ch), k_map, at)
+                            kvpipe.load(box_at(smem, kvo + v_base + ww * kw_elems, ch), v_map, at)
                     kvpipe.producer_commit()
-                    first = n0 // QW if causal else 0
-                    for hh in range(group):
-                        h = g * group + hh
+                    first = int32(n0 // QW) if causal else int32(0)
+                    for hh in range(group32):
+                        h = int32(g * group32 + hh)
                         for i in range(first, nqb):
                             s = qpipe.producer_acquire()  # (Q, dO and their rows' statistics)
                             for ch in range(chunks):
                                 for qb in range(qbox):  # (wide: two 64-row boxes of queries, stacked)
                                     at = (ch * qbox + qb) * box
-                                    qpipe.load(shared_view(smem, q_base + 2 * s * q_elems + at, (BQ, CHUNK)), q_map,
-                                               (b, h, i * QW + BQ * qb, CHUNK * ch))
+                                    xy = (b, h, int32(i * QW + BQ * qb), int32(CHUNK * ch))
+                                    qpipe.load(shared_view(smem, q_base + 2 * s * q_elems + at, (BQ, CHUNK)), q_map, xy)
                                     qpipe.load(shared_view(smem, q_base + (2 * s + 1) * q_elems + at, (BQ, CHUNK)),
-                                               do_map, (b, h, i * QW + BQ * qb, CHUNK * ch))
-                            qpipe.load(shared_view(stats, 2 * s * QW, (2, QW)), stats_map, (b, h, 0, i * QW))
+                                               do_map, xy)
+                            qpipe.load(shared_view(stats, 2 * s * QW, (2, QW)), stats_map, (b, h, int32(0),
+                                                                                               int32(i * QW)))
                             qpipe.producer_commit()
         elif writer and cuda.threadIdx.x < 64:
             store_dq(dq_stage, mailbox, dq_map, turns)
@@ -383,12 +389,12 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                 if lane == 0:
                     if deterministic and own_keys and w == 1:
                         bulk_wait_group(0)  # (consumer 0's adds into the same tile first)
-                    col0 = CHUNK * own * w if halves else (0 if own_keys or wide else CHUNK * w)
-                    row0 = m0 + BQ * w if wide else m0  # (wide: each consumer's dQ is its own 64 queries)
+                    col0 = int32(CHUNK * own * w if halves else (0 if own_keys or wide else CHUNK * w))
+                    row0 = int32(m0 + BQ * w if wide else m0)  # (wide: each consumer's dQ is its own 64 queries)
                     for cc in range(dq_chunks):
                         at = dq_buffer_at(w, cc)
                         for j in range(2):
-                            tma_reduce("add", dq_map, (b, h, row0, col0 + CHUNK * cc + 32 * j),
+                            tma_reduce("add", dq_map, (b, h, row0, int32(col0 + CHUNK * cc + 32 * j)),
                                        shared_view(dq_stage, at + j * BQ * 32, (BQ, 32)))
                     bulk_commit_group()
             if deterministic:
