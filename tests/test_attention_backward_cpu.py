@@ -9,34 +9,19 @@ import re
 
 import numpy as np
 import pytest
-from numba.core import types
-from numba.cuda.typing.typeof import typeof
-from numba.np.numpy_support import from_dtype
 
 from fakes import FakeCudaArray
-from numbatma import DeviceView, TensorMapError, array_layout
-from numbatma._descriptor_base import bits_dtype
+from launch_types import launch_types
+from numbatma import TensorMapError, array_layout
 from numbatma.compile import compile_cubin, sass
 from numbatma.kernels import AttentionBackward
 
 backward_module = importlib.import_module("numbatma.kernels.attention_backward")
 
 
-def launch_type(arg):
-    """The numba type a launch gives ``arg``: a :class:`numbatma.DeviceView` becomes a numba device array over its
-    memory (``launch_argument``), typed C where its strides are C-contiguous (numba's flags), else A - what
-    ``typeof`` of the view itself (always A) would not say."""
-    if not isinstance(arg, DeviceView):
-        return typeof(arg)
-    lay = arg.layout
-    dtype = bits_dtype(lay.dtype)
-    flags = np.lib.stride_tricks.as_strided(np.empty(1, dtype), lay.shape, lay.strides).flags
-    return types.Array(from_dtype(dtype), len(lay.shape), "C" if flags.c_contiguous else "A")
-
-
 def main_sass(plan):
     """SASS of the plan's main kernel for sm_90a under the launch's register cap (168), typed as a launch types it."""
-    return sass(compile_cubin(plan.kernel.py_func, tuple(launch_type(a) for a in plan.args), max_registers=168))
+    return sass(compile_cubin(plan.kernel.py_func, launch_types(plan.args), max_registers=168))
 
 
 def wgmma_ops(text):

@@ -8,7 +8,6 @@ import re
 
 import numpy as np
 import pytest
-from numba.cuda.typing.typeof import typeof
 
 from numbatma import TensorMapError
 from numbatma import compile as nbc
@@ -17,6 +16,7 @@ from numbatma.kernels import Attention, _launch
 from numbatma.kernels.attention import LOG2E, MAX_REGISTERS, default_config, softmax_mode
 
 from fakes import FakeCudaArray
+from launch_types import launch_types
 
 attention_module = importlib.import_module("numbatma.kernels.attention")  # (the package exports a function so named)
 
@@ -134,7 +134,7 @@ def _kernel_sass(kernel, types):
 
 
 def _plan_sass(plan):
-    return _kernel_sass(plan.kernel, tuple(typeof(a) for a in plan.args))
+    return _kernel_sass(plan.kernel, launch_types(plan.args))  # (typed as a launch types them)
 
 
 def _sass(d, causal, layout, schedule):
