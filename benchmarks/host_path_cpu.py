@@ -13,8 +13,8 @@ and alternating between two sets of arrays of the same layout ("new": every call
 the best of ``--rounds`` rounds of ``--calls`` calls. ``prep/call``: launches prepared from scratch per call (on a
 GPU each costs tens of µs: argument typing, overload lookup, conversion), ``upd/call``: prepared launches patched in
 place (``PreparedLaunch.update``). What is not here: cuda.bindings' and the driver's share of the launch and of each
-descriptor's re-pointing, allocating ``lse`` for attention (numba's ``device_array``), torch's own cost per tensor
-method call. ``--profile CASE`` prints a cProfile of the "new" calls of CASE (e.g. ``gemm``).
+descriptor's re-pointing, allocating ``lse`` for attention (numba's ``device_array``) and attention_backward's
+three work arrays (``torch.empty``: both taken from pools here), torch's own cost per tensor method call. ``--profile CASE`` prints a cProfile of the "new" calls of CASE (e.g. ``gemm``).
 """
 from __future__ import annotations
 
@@ -68,6 +68,15 @@ def offline():
 
     cuda.device_array = device_array
 
+    def empty(shape, dtype=None, device=None):  # (torch.empty for attention_backward's work arrays, from a pool too)
+        key = (tuple(shape), dtype.name)
+        if key not in pools:
+            pools[key] = [fakes.FakeTorchTensor(shape, dtype, ptr=(1 << 41) + i * (1 << 24)) for i in range(64)]
+        turn[0] += 1
+        return pools[key][turn[0] % 64]
+
+    TORCH.empty = empty
+
 
 def arrays(kind, base):
     """The tensors of benchmarks/host_path.py, at addresses ``base + ...`` (multiples of 1024 apart)."""
@@ -89,7 +98,10 @@ def arrays(kind, base):
     return dict(x=t((64, 64)), y=t((64, 64), off=mb), a=t((64, 64), off=2 * mb), rows=t((64,), off=3 * mb),
                 bf=t((128, 128), "bfloat16", off=4 * mb), cf=t((128, 128), "bfloat16", off=5 * mb),
                 q=t((1, 1, 128, 64), "bfloat16", off=6 * mb), k=t((1, 1, 128, 64), "bfloat16", off=7 * mb),
-                v=t((1, 1, 128, 64), "bfloat16", off=8 * mb), o=t((1, 1, 128, 64), "bfloat16", off=9 * mb))
+                v=t((1, 1, 128, 64), "bfloat16", off=8 * mb), o=t((1, 1, 128, 64), "bfloat16", off=9 * mb),
+                do=t((1, 1, 128, 64), "bfloat16", off=10 * mb), lse=t((1, 1, 128), off=11 * mb),
+                dq=t((1, 1, 128, 64), "bfloat16", off=12 * mb), dk=t((1, 1, 128, 64), "bfloat16", off=13 * mb),
+                dv=t((1, 1, 128, 64), "bfloat16", off=14 * mb))
 
 
 FORMS = {
@@ -101,6 +113,8 @@ FORMS = {
     "laplacian5": lambda d: K.laplacian5(d["x"], d["y"]),
     "gemm": lambda d: K.gemm(d["bf"], d["bf"], d["cf"]),
     "attention": lambda d: K.attention(d["q"], d["k"], d["v"], d["o"]),
+    "attention_backward": lambda d: K.attention_backward(*(d[n] for n in ("q", "k", "v", "o", "do", "lse", "dq",
+                                                                          "dk", "dv"))),
 }
 
 
