@@ -14,7 +14,7 @@ SIM_FILES = sorted(p.name for p in (HERE / "sim").glob("test_*.py"))
 # Seconds each file took on its own (2 cores, a busy machine, 2026-11-27): only to start the long ones first.
 SECONDS = {"test_sim_attention.py": 80, "test_sim_planted_bugs.py": 48, "test_sim_wgmma_hazards.py": 38,
            "test_sim_attention_backward.py": 85, "test_sim_gemm.py": 21,
-           "test_sim_wgmma.py": 30, "test_sim_plan_cache.py": 26, "test_sim_swizzle.py": 22,
+           "test_sim_wgmma.py": 30, "test_sim_plan_cache.py": 30, "test_sim_swizzle.py": 22,
            "test_sim_parity.py": 16, "test_sim_mma.py": 15, "test_sim_kernels.py": 13, "test_sim_exact_store.py": 13,
            "test_sim_bulk.py": 13, "test_sim_im2col.py": 12}
 # Long files run as several subprocesses, each with every n-th test (NUMBATMA_SIM_SHARD, tests/sim/conftest.py), so
