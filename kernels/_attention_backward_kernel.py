@@ -126,9 +126,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
     writer = writer and dq_reduce == "tma"  # (dQ's reduce-adds issued by warp 1 of the producer warpgroup)
     chunks = d // CHUNK
     halves = d == 256  # (the consumers split the head dim, not the keys: see keys_per_item)
-    split = halves and split_scores  # (each consumer Sᵀ and dPᵀ of half the step's queries)
-    SN = QW // 2 if split else QW  # queries of a consumer's Sᵀ and dPᵀ
-    HALF = BQ * (QW // 2)  # elements of a 64 x 32 half tile (split: a consumer's Pᵀ or dSᵀ columns)
+    # (each consumer Sᵀ and dPᵀ of half the step's queries; not ``split``, which is dQ's split among the consumers)
+    scores_split = halves and split_scores
+    SN = QW // 2 if scores_split else QW  # queries of a consumer's Sᵀ and dPᵀ
+    HALF = BQ * (QW // 2)  # elements of a 64 x 32 half tile (scores_split: a consumer's Pᵀ or dSᵀ columns)
     own_keys = not wide and (split or default_dq_split(d)) == "keys"  # (wide: each consumer its own queries)
     dq_chunks = dq_chunks_per_step(d, split, QW)  # 64-wide chunks of dQ a consumer computes per step
     # reduce-adds into a 64-row query block's dQ per item (deterministic: the turn counter's step); wide: only the
@@ -219,7 +220,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         """dQ's chunk ``cc`` of consumer ``w`` from the dSᵀ buffer ``u`` (issued, not committed): over both 64-key
         halves (two products of K = 64: the halves' K tiles are not adjacent), or at D = 256 over the item's 64 keys
         (the consumer's own dSᵀ copy) for columns ``64 (2 w + cc) ..``."""
-        if split:  # (dSᵀ of the step: both consumers' 32-query halves, side by side along the queries)
+        if scores_split:  # (dSᵀ of the step: both consumers' 32-query halves, side by side along the queries)
             ds_op = shared_view(smem, ds_base + 2 * u * box, (2, BQ, SN))
             k_op = shared_view(smem, kvo + (2 * w + cc) * box, (1, BQ, CHUNK))
             return wgmma(dq, wgmma_desc(ds_op, h_map, "MN", 0, (0, BQ)), wgmma_desc(k_op, k_map, "MN", 0, (0, BQ)),
@@ -435,8 +436,8 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
         kv_w = 0 if halves else w * kw_elems  # this consumer's 64 keys of K and V (D = 256: the item's, shared)
         c0 = own * w if halves else 0  # its first chunk of dK, dV and dQ
         dq_col0 = CHUNK * c0 if halves else (0 if own_keys or wide else CHUNK * w)  # its first column of dQ
-        q0 = int32(SN * w) if split else int32(0)  # its first query of a step's Sᵀ and dPᵀ
-        qo = int32(SN * (1 - w))  # (split: the other consumer's)
+        q0 = int32(SN * w) if scores_split else int32(0)  # its first query of a step's Sᵀ and dPᵀ
+        qo = int32(SN * (1 - w))  # (scores_split: the other consumer's)
         step = 0  # query blocks so far (the dSᵀ buffer)
         nd = 0  # dQ chunks staged so far (the rotating staging buffer)
         pending = (int32(0), int32(0), int32(-1))  # (deterministic: thread 0's last reduce-add, not yet counted)
@@ -493,7 +494,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     wgmma_commit_group()
                     if take_turns:
                         pass_turn(w)  # the other's turn
-                    if split:  # (this consumer's queries of the step)
+                    if scores_split:  # (this consumer's queries of the step)
                         lse2 = shared_view(stats, int32(2 * s * QW + q0), (SN,))
                         delta = shared_view(stats, int32((2 * s + 1) * QW + q0), (SN,))
                         mq = int32(m0 + q0)
@@ -512,7 +513,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     # stay in registers beside dK and dV. Two buffers by step parity: a consumer at this step's
                     # barrier knows the other finished the step before (its dQ product included)
                     u = step % 2
-                    if split:  # (this consumer's 32 queries of dSᵀ and Pᵀ, for dQ and the other consumer's dK, dV)
+                    if scores_split:  # (its 32 queries of dSᵀ and Pᵀ: for dQ and the other consumer's dK, dV)
                         wgmma_store(dst, shared_view(smem, ds_base + 2 * u * box + w * HALF, (BQ, SN)), h_map, 0, 0)
                         wgmma_store(p, shared_view(smem, ds_base + (2 * u + 1) * box + w * HALF, (BQ, SN)), h_map, 0,
                                     0)
@@ -521,9 +522,10 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                                     q_map, 0, 0)
                     pf = wgmma_a_fragments(p, kind)
                     dsf = wgmma_a_fragments(dst, kind)
-                    # (dO and Q of the consumer's columns, from its first query of Sᵀ: split, the products below take
-                    # their rows 0 .. 31 - the view's base moved, a k-range is a constant)
-                    if split:
+                    # (dO and Q of the consumer's columns, from its first query of Sᵀ: scores_split, the products below
+                    # take their rows 0 .. 31 - the view's base moved, a k-range is a constant; a branch of its own, as
+                    # the offset 0 in the other kernels changed their registers: 3 more local-memory instructions)
+                    if scores_split:
                         do_own = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box + q0 * CHUNK),
                                              (own, QW, CHUNK))
                         q_own = shared_view(smem, int32(q_at + c0 * qbox * box + q0 * CHUNK), (own, QW, CHUNK))
@@ -534,7 +536,7 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                         pf = wgmma_fence(pf)
                         dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, SN)), 1)
                         wgmma_commit_group()
-                    if split:
+                    if scores_split:
                         ds_handoff.all()  # (both consumers' Pᵀ and dSᵀ halves written: each reads the other's)
                     elif halves or own_keys:
                         ds_handoff.own(w)  # (dQ reads only this consumer's dSᵀ)
@@ -552,14 +554,14 @@ def _backward_kernel(nb_dtype, d, causal, kind, stages, dq_reduce="tma", dq_buff
                     wgmma_commit_group()
                     if not dv_first:
                         dvacc = wgmma(dvacc, pf, wgmma_desc(do_own, do_map, "MN", 0, (0, SN)), 1)
-                    if split:  # (the other consumer's 32 queries: its Pᵀ from shared memory)
+                    if scores_split:  # (the other consumer's 32 queries: its Pᵀ from shared memory)
                         do_other = shared_view(smem, int32(q_at + q_elems + c0 * qbox * box + qo * CHUNK),
                                                (own, QW, CHUNK))
                         pt_other = shared_view(smem, ds_base + (2 * u + 1) * box + (1 - w) * HALF, (1, BQ, SN))
                         dvacc = wgmma(dvacc, wgmma_desc(pt_other, h_map, "K", 0, (0, SN)),
                                       wgmma_desc(do_other, do_map, "MN", 0, (0, SN)), 1)
                     dkacc = wgmma(dkacc, dsf, wgmma_desc(q_own, q_map, "MN", 0, (0, SN)), 1)
-                    if split:
+                    if scores_split:
                         q_other = shared_view(smem, int32(q_at + c0 * qbox * box + qo * CHUNK), (own, QW, CHUNK))
                         ds_other = shared_view(smem, ds_base + 2 * u * box + (1 - w) * HALF, (1, BQ, SN))
                         dkacc = wgmma(dkacc, wgmma_desc(ds_other, h_map, "K", 0, (0, SN)),

@@ -211,6 +211,15 @@ def test_the_deterministic_variant_compiles_without_serializing():
     assert ops.count("WARPGROUP.DEPBAR.LE") <= 6, "wgmma serialized"
 
 
+def test_dq_split_keys_at_head_dim_128_is_the_kernel_built():
+    """``dq_split="keys"`` at D = 128: each consumer computes both 64-wide dQ chunks over its own keys, so the store
+    warp reduce-adds two chunks of each consumer per block - 8 TMA reduce-add sites against the default ("cols")
+    kernel's 4. (The kernel once shadowed its ``split`` argument with split_scores' flag and built "cols" for
+    "keys": right gradients, the option silently not honoured.)"""
+    text = main_sass(AttentionBackward(*arrays(d=128), dq_split="keys"))
+    assert text.count("UTMAREDG.4D.ADD") == 8
+
+
 def test_the_atomic_dq_variant_compiles():
     """``dq_reduce="atomic"`` (the benchmark's comparison): one red.global.add.f32 per dQ element, no TMA reduce."""
     plan = AttentionBackward(*arrays(d=64), dq_reduce="atomic")
