@@ -8,14 +8,13 @@ from numba.cuda.typing.typeof import typeof
 from numba.np.numpy_support import from_dtype
 
 from numbatma import DeviceView
-from numbatma._descriptor_base import bits_dtype
 
 
 def launch_type(arg):
     if not isinstance(arg, DeviceView):
         return typeof(arg)
     lay = arg.layout
-    dtype = bits_dtype(lay.dtype)
+    dtype = np.dtype(arg.__cuda_array_interface__["typestr"])  # (what the launch's device array sees: bfloat16's bits)
     flags = np.lib.stride_tricks.as_strided(np.empty(1, dtype), lay.shape, lay.strides).flags
     return types.Array(from_dtype(dtype), len(lay.shape), "C" if flags.c_contiguous else "A")
 
