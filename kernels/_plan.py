@@ -145,8 +145,9 @@ class Plan(metaclass=_PlanType):
     #: fixed once the plan is built (the kernel was made for it): assigning it raises AttributeError.
     settable = {}
     #: Attributes holding plans this plan launches itself (built from views of its arrays, e.g. the backward's row
-    #: kernels): a re-point re-makes their views with the plan's (the walk reaches them) and tells them so, so that
-    #: their next launch patches the new addresses into their prepared launches.
+    #: kernels; absent where the plan has nothing to compute): a re-point re-makes their views with the plan's (the
+    #: walk reaches them) and tells them so, so that their next launch patches the new addresses into their prepared
+    #: launches.
     subplans = ()
 
     @property
@@ -437,9 +438,9 @@ class Plan(metaclass=_PlanType):
                 state["_stale"] = _MOVED
             state["_torch_device"] = _UNSET
             for name in type(self).subplans:  # (their views were re-made by the walk: their launches patch them in)
-                sub = state[name].__dict__
-                if not sub["_stale"]:
-                    sub["_stale"] = _MOVED
+                sub = state.get(name)  # (absent from a plan with nothing to compute: it builds none)
+                if sub is not None and not sub.__dict__["_stale"]:
+                    sub.__dict__["_stale"] = _MOVED
         return self
 
     def on_device(self):

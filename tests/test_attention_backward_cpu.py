@@ -211,6 +211,17 @@ def test_the_deterministic_variant_compiles_without_serializing():
     assert ops.count("WARPGROUP.DEPBAR.LE") <= 6, "wgmma serialized"
 
 
+def test_an_empty_problem_re_points_too():
+    """Batch 0: the plan computes nothing and builds no row kernels' plans; the function form's cache still
+    re-points it at new (empty) arrays without error (``Plan.subplans`` absent), and its launch returns them."""
+    old = arrays(b=0)
+    new = [FakeCudaArray(array_layout(a).shape, array_layout(a).dtype, ptr=array_layout(a).ptr + (5 << 24))
+           for a in old]
+    plan = AttentionBackward(*old)
+    assert plan.kernel is None and plan.rebind(*new) is plan
+    assert plan.launch() == tuple(new[6:])
+
+
 def test_dq_split_keys_at_head_dim_128_is_the_kernel_built():
     """``dq_split="keys"`` at D = 128: each consumer computes both 64-wide dQ chunks over its own keys, so the store
     warp reduce-adds two chunks of each consumer per block - 8 TMA reduce-add sites against the default ("cols")
